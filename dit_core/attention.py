@@ -1,0 +1,81 @@
+"""Multi-head self-attention with a selectable backend.
+
+DiT uses plain multi-head self-attention over the patch tokens (Vaswani et al. 2017; Peebles & Xie 2023,
+Sec. 3.2). The arithmetic is always ``softmax(q k^T / sqrt(d)) v``; only *how* it is computed changes:
+
+``"sdpa"`` (default)
+    :func:`torch.nn.functional.scaled_dot_product_attention`, which dispatches to FlashAttention-2 or the
+    memory-efficient kernel on a GPU and never stores the ``T x T`` attention matrix for backward.
+``"math"``
+    the explicit reference: ``q @ k^T``, softmax, ``@ v``. Slow and memory hungry, but obviously correct.
+``"xformers"``
+    ``xformers.ops.memory_efficient_attention`` when the xformers package is installed.
+
+The module's parameter names (``qkv``, ``proj``) match the official checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BACKENDS = ("sdpa", "math", "xformers")
+
+
+def xformers_available() -> bool:
+    """True when ``xformers.ops.memory_efficient_attention`` can be imported."""
+    try:
+        import xformers.ops  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def check_backend(name: str) -> str:
+    """Validate an attention backend name; raise a ValueError that says what to do otherwise."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "xformers" and not xformers_available():
+        raise ValueError(
+            "attention backend 'xformers' needs the xformers package, which is not importable here; "
+            "install it with `pip install -e .[xformers]` (GPU machines) or use 'sdpa' (the default)"
+        )
+    return name
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
+    """Scaled dot-product attention on ``(batch, heads, tokens, head_dim)`` tensors."""
+    if backend == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v)
+    if backend == "math":
+        scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+        return scores.softmax(dim=-1) @ v
+    if backend == "xformers":
+        import xformers.ops as xops
+
+        # xformers expects (batch, tokens, heads, head_dim)
+        out = xops.memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2)
+    raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: one fused ``qkv`` projection, ``heads`` parallel heads, an output ``proj``."""
+
+    def __init__(self, dim: int, num_heads: int, backend: str = "sdpa"):
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"hidden size {dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.backend = check_backend(backend)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        out = attention(qkv[0], qkv[1], qkv[2], self.backend)  # (n, heads, t, head_dim)
+        return self.proj(out.transpose(1, 2).reshape(n, t, d))
