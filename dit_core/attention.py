@@ -79,3 +79,40 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
         out = attention(qkv[0], qkv[1], qkv[2], self.backend)  # (n, heads, t, head_dim)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
+
+
+def benchmark_backends(model, x, t, y, backends=None, repeats: int = 3, backward: bool = True) -> dict:
+    """Time forward (+ backward) of ``model`` under each attention backend and compare outputs to "math".
+
+    Returns ``{backend: {"ms": median milliseconds, "max_abs_diff": vs the math reference}}``. The model's
+    backend is restored afterwards. Used by chapter 03; ``dit-bench`` measures the full training step.
+    """
+    import statistics
+    import time
+
+    backends = list(backends or [b for b in BACKENDS if b != "xformers" or xformers_available()])
+    original = model.attn_backend
+    outputs, results = {}, {}
+    try:
+        for backend in ["math"] + [b for b in backends if b != "math"]:
+            model.set_attention_backend(backend)
+            times = []
+            for _ in range(repeats + 1):  # the first run warms up
+                model.zero_grad(set_to_none=True)
+                start = time.perf_counter()
+                with torch.set_grad_enabled(backward):
+                    out = model(x, t, y)
+                    if backward:
+                        out.float().pow(2).mean().backward()
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            outputs[backend] = out.detach()
+            results[backend] = {
+                "ms": 1000 * statistics.median(times[1:]),
+                "max_abs_diff": (out.detach() - outputs["math"]).abs().max().item(),
+            }
+    finally:
+        model.set_attention_backend(original)
+        model.zero_grad(set_to_none=True)
+    return {b: results[b] for b in backends}

@@ -1,0 +1,77 @@
+"""Gaussian diffusion for DiT: schedules, the hybrid loss, DDPM and DDIM sampling, respacing.
+
+Use it exactly like the official DiT code::
+
+    from dit_core.diffusion import create_diffusion
+
+    diffusion = create_diffusion(timestep_respacing="")          # training: all 1000 steps
+    t = torch.randint(0, diffusion.num_timesteps, (x.shape[0],), device=x.device)
+    loss = diffusion.training_losses(model, x, t, dict(y=y))["loss"].mean()
+
+    diffusion = create_diffusion("250")                          # sampling: 250 of the 1000 steps
+    samples = diffusion.p_sample_loop(model.forward_with_cfg, z.shape, z, clip_denoised=False,
+                                      model_kwargs=dict(y=y, cfg_scale=4.0), progress=True)
+
+Modules: :mod:`.schedule` (betas), :mod:`.gaussian` (the process, losses, samplers), :mod:`.respace`
+(fewer steps), :mod:`.losses` (KL and discretized likelihood).
+"""
+
+from .gaussian import GaussianDiffusion, LossType, ModelMeanType, ModelVarType
+from .respace import SpacedDiffusion, space_timesteps
+from .schedule import get_named_beta_schedule
+
+__all__ = [
+    "create_diffusion",
+    "GaussianDiffusion",
+    "SpacedDiffusion",
+    "space_timesteps",
+    "get_named_beta_schedule",
+    "LossType",
+    "ModelMeanType",
+    "ModelVarType",
+]
+
+
+def create_diffusion(
+    timestep_respacing,
+    noise_schedule="linear",
+    use_kl=False,
+    sigma_small=False,
+    predict_xstart=False,
+    learn_sigma=True,
+    rescale_learned_sigmas=False,
+    diffusion_steps=1000,
+):
+    """Build the diffusion DiT uses; the signature and defaults are those of the official ``create_diffusion``.
+
+    :param timestep_respacing: ``""`` or ``None`` for all ``diffusion_steps`` steps (training), ``"250"``
+        for 250 evenly spaced steps, ``"ddim25"`` for a DDIM stride, ``"10,20"`` for per-section counts
+        (see :func:`space_timesteps`).
+    :param noise_schedule: ``"linear"`` (DiT) or ``"squaredcos_cap_v2"`` (cosine).
+    :param use_kl: train on the variational bound alone (``LossType.RESCALED_KL``).
+    :param sigma_small: with a fixed variance, use beta_tilde_t instead of beta_t.
+    :param predict_xstart: the model predicts x_0 instead of the noise.
+    :param learn_sigma: the model outputs 2C channels, the second half choosing the variance (DiT).
+    :param rescale_learned_sigmas: ``LossType.RESCALED_MSE``: scale the vb term by T / 1000.
+    :param diffusion_steps: T of the trained process.
+    """
+    betas = get_named_beta_schedule(noise_schedule, diffusion_steps)
+    if use_kl:
+        loss_type = LossType.RESCALED_KL
+    elif rescale_learned_sigmas:
+        loss_type = LossType.RESCALED_MSE
+    else:
+        loss_type = LossType.MSE
+    if timestep_respacing is None or timestep_respacing == "":
+        timestep_respacing = [diffusion_steps]
+    if learn_sigma:
+        model_var_type = ModelVarType.LEARNED_RANGE
+    else:
+        model_var_type = ModelVarType.FIXED_SMALL if sigma_small else ModelVarType.FIXED_LARGE
+    return SpacedDiffusion(
+        use_timesteps=space_timesteps(diffusion_steps, timestep_respacing),
+        betas=betas,
+        model_mean_type=ModelMeanType.START_X if predict_xstart else ModelMeanType.EPSILON,
+        model_var_type=model_var_type,
+        loss_type=loss_type,
+    )
