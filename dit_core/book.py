@@ -1,0 +1,279 @@
+"""Helpers for the book's notebooks.
+
+The chapters never copy library code into cells: they call :func:`show_source` to render the code that
+actually runs. Each chapter's ``parameters`` cell defines ``SMOKE = False`` plus its cost knobs; the smoke
+tests (tests/test_notebooks.py) inject ``SMOKE = True`` with papermill, and :func:`smoke_mode` lets a reader or
+a quick book build ask for the same tiny settings through the ``DIT_SMOKE`` environment variable.
+:func:`set_threads` picks a sensible number of CPU threads for torch.
+
+Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import inspect
+import math
+import os
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+SMOKE_ENV = "DIT_SMOKE"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+# --------------------------------------------------------------------------------------------- smoke mode
+def smoke_mode(default: bool = False) -> bool:
+    """Whether a notebook should pick tiny settings (a few steps, a tiny model).
+
+    Reads the ``DIT_SMOKE`` environment variable ("1"/"true"/"yes"/"on" or "0"/"false"/"no"/"off");
+    returns ``default`` when it is unset. A chapter combines it with its parameter:
+    ``SMOKE = SMOKE or smoke_mode()``.
+    """
+    value = os.environ.get(SMOKE_ENV)
+    if value is None:
+        return bool(default)
+    value = value.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r} is not a yes/no value; set it to 1 (tiny settings) or 0 (full)"
+    )
+
+
+# --------------------------------------------------------------------------------------------- threads
+def available_cpus() -> int:
+    """CPU cores this process may really use: its CPU affinity, capped by a cgroup CPU quota if any.
+
+    ``os.cpu_count()`` reports the host's cores, which inside a container can be many more than the
+    container may use; torch then oversubscribes the cores and slows down badly.
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        n = os.cpu_count() or 1
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def set_threads(n: int | None = None) -> int:
+    """Set torch's intra-op CPU threads and return the number used.
+
+    ``n`` if given; otherwise ``OMP_NUM_THREADS`` if it is set (tests and CI pin it); otherwise the cores
+    this process may use (:func:`available_cpus`). Harmless on a GPU machine: it only affects CPU ops.
+    """
+    import torch
+
+    if n is None:
+        env = os.environ.get("OMP_NUM_THREADS", "").strip()
+        if env:
+            try:
+                n = int(env)
+            except ValueError:
+                raise ValueError(f"OMP_NUM_THREADS={env!r} is not an integer; unset it or set e.g. 2") from None
+        else:
+            n = available_cpus()
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"set_threads needs n >= 1, got {n}")
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+# --------------------------------------------------------------------------------------------- source
+@dataclass(frozen=True)
+class Source:
+    """The source code of one object, with where it lives."""
+
+    name: str  # qualified name, e.g. "dit_core.models.DiT.forward"
+    path: str  # file, relative to the package's parent folder when inside it (e.g. "dit_core/models.py")
+    first_line: int
+    text: str
+
+    @property
+    def last_line(self) -> int:
+        return self.first_line + max(len(self.text.splitlines()), 1) - 1
+
+    @property
+    def title(self) -> str:
+        return f"{self.name}  ({self.path}, lines {self.first_line}-{self.last_line})"
+
+    def __str__(self) -> str:
+        return f"# {self.title}\n{self.text}"
+
+
+class SourceView:
+    """What a notebook displays: highlighted HTML (pygments, inline styles) or plain text."""
+
+    def __init__(self, source: Source, collapsed: bool = False):
+        self.source = source
+        self.collapsed = collapsed
+
+    def __repr__(self) -> str:
+        return str(self.source)
+
+    def _repr_html_(self) -> str:
+        src = self.source
+        try:
+            from pygments import highlight
+            from pygments.formatters import HtmlFormatter
+            from pygments.lexers import PythonLexer
+
+            formatter = HtmlFormatter(noclasses=True, style="default", linenos="inline",
+                                      linenostart=src.first_line, nobackground=True)
+            code = highlight(src.text, PythonLexer(), formatter)
+        except ImportError:  # pygments comes with IPython; plain <pre> otherwise
+            code = f"<pre>{html.escape(src.text)}</pre>"
+        title = (f"<code>{html.escape(src.name)}</code> &mdash; <code>{html.escape(src.path)}</code>, "
+                 f"lines {src.first_line}&ndash;{src.last_line}")
+        # A fixed light background and dark text keep the inline-styled colours readable in dark themes too.
+        body = (f'<div class="dit-source" style="background:#f8f8f8;color:#1f2328;border:1px solid #d0d7de;'
+                f'border-radius:4px;padding:0.2em 0.8em;overflow-x:auto;font-size:0.85em">{code}</div>')
+        if self.collapsed:
+            return f"<details><summary>{title}</summary>{body}</details>"
+        return f'<div style="margin:0.3em 0">{title}</div>{body}'
+
+
+def _resolve(dotted: str):
+    """'dit_core.models.DiT.forward' -> the object (longest importable module prefix, then attributes)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and not module_name.startswith(err.name):
+                raise  # the module exists but one of its own imports is missing: show that error
+            continue
+        for attr in parts[i:]:
+            try:
+                obj = getattr(obj, attr)
+            except AttributeError:
+                raise ValueError(f"cannot find {dotted!r}: {obj!r} has no attribute {attr!r}") from None
+        return obj
+    raise ValueError(f"cannot find {dotted!r}: no importable module in it (expected e.g. 'dit_core.models.DiT')")
+
+
+def source_of(obj) -> Source:
+    """The :class:`Source` of a class, function, method, property, module, or a dotted name of one.
+
+    An instance gives its class's source.
+    """
+    name_hint = obj if isinstance(obj, str) else None
+    if isinstance(obj, str):
+        obj = _resolve(obj)
+    if isinstance(obj, property):
+        obj = obj.fget
+    elif isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if not (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj) or inspect.iscode(obj)):
+        obj = type(obj)  # an instance: show its class
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        lines, first = inspect.getsourcelines(obj)
+        file = inspect.getsourcefile(obj)
+    except (OSError, TypeError) as err:
+        raise TypeError(
+            f"show_source needs a Python class, function, method or module with source on disk; "
+            f"{obj!r} has none ({err})"
+        ) from None
+    text = textwrap.dedent("".join(lines))
+    first = max(first, 1)  # modules report line 0
+    path = Path(file).resolve()
+    module = inspect.getmodule(obj)
+    root_pkg = sys.modules.get((module.__name__ if module else "").split(".")[0])
+    shown = str(path)
+    if root_pkg is not None and getattr(root_pkg, "__file__", None):
+        base = Path(root_pkg.__file__).resolve().parent.parent
+        try:
+            shown = path.relative_to(base).as_posix()
+        except ValueError:
+            pass
+    if name_hint is not None:
+        name = name_hint
+    elif inspect.ismodule(obj):
+        name = obj.__name__
+    else:
+        name = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+    return Source(name=name, path=shown, first_line=first, text=text)
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def show_source(obj, *, collapsed: bool = False):
+    """Render the source of a ``dit_core`` object (or its dotted name) in a notebook.
+
+    In IPython/Jupyter it displays syntax-highlighted code with the file name and line numbers and returns
+    None; elsewhere it returns the plain text (header line + code). ``collapsed=True`` folds long code under a
+    clickable title.
+
+    >>> show_source("dit_core.book.smoke_mode")      # doctest: +SKIP
+    """
+    view = SourceView(source_of(obj), collapsed=collapsed)
+    if _in_ipython():
+        from IPython.display import display
+
+        display(view)
+        return None
+    return str(view.source)
+
+
+# --------------------------------------------------------------------------------------------- hygiene
+def strip_outputs(path) -> bool:
+    """Clear outputs, execution counts and saved widget state of one notebook in place.
+
+    Returns True when the file changed. Notebooks are committed without outputs (tests/test_hygiene.py).
+    """
+    import nbformat
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    before = nbformat.writes(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        for key in ("execution", "papermill", "collapsed", "scrolled"):
+            cell.metadata.pop(key, None)
+    for key in ("widgets", "papermill"):
+        nb.metadata.pop(key, None)
+    if nbformat.writes(nb) == before:
+        return False
+    nbformat.write(nb, path)
+    return True
+
+
+def _main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dit_core.book", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    strip = sub.add_parser("strip-outputs", help="clear outputs of notebooks in place (before a commit)")
+    strip.add_argument("notebooks", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    for nb in args.notebooks:
+        if not nb.is_file():
+            parser.error(f"{nb}: no such notebook")
+        print(f"{nb}: {'stripped' if strip_outputs(nb) else 'already clean'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,100 @@
+"""dit_core.book: the notebook helpers (source display, smoke mode, threads, output stripping)."""
+
+import inspect
+
+import pytest
+
+from dit_core import book
+
+
+def test_source_of_dotted_name_matches_the_file():
+    src = book.source_of("dit_core.book.smoke_mode")
+    assert src.name == "dit_core.book.smoke_mode"
+    assert src.path == "dit_core/book.py"
+    assert src.text.startswith("def smoke_mode(")
+    file_lines = inspect.getsource(book).splitlines()
+    # first_line/last_line point at the real lines of the file
+    assert file_lines[src.first_line - 1].startswith("def smoke_mode(")
+    assert file_lines[src.last_line - 1].strip() == src.text.rstrip().splitlines()[-1].strip()
+
+
+def test_source_of_method_instance_and_property():
+    method = book.source_of(book.SourceView._repr_html_)
+    assert method.text.startswith("def _repr_html_(self)")  # dedented
+    assert method.name == "dit_core.book.SourceView._repr_html_"
+    inst = book.source_of(book.SourceView(method))
+    assert inst.text.startswith("class SourceView")
+    prop = book.source_of(book.Source.last_line)
+    assert "def last_line" in prop.text
+
+
+def test_show_source_outside_ipython_returns_plain_text():
+    text = book.show_source(book.available_cpus)
+    assert text.splitlines()[0].startswith("# dit_core.book.available_cpus  (dit_core/book.py, lines ")
+    assert "def available_cpus() -> int:" in text
+
+
+def test_html_view_is_highlighted_and_escaped():
+    view = book.SourceView(book.source_of(book.SourceView))
+    html = view._repr_html_()
+    assert "<span" in html and "style=" in html  # pygments, inline styles (no CSS needed in the book)
+    assert "&lt;code&gt;" in html  # the f-strings with <code> in the source are escaped, not rendered
+    folded = book.SourceView(view.source, collapsed=True)._repr_html_()
+    assert folded.startswith("<details><summary>")
+
+
+def test_show_source_errors_name_the_problem():
+    with pytest.raises(TypeError, match="has none"):
+        book.show_source(len)
+    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+        book.show_source("dit_core.book.nope")
+    with pytest.raises(ValueError, match="no importable module"):
+        book.show_source("no_such_package_xyz.thing")
+
+
+def test_smoke_mode_reads_environment(monkeypatch):
+    monkeypatch.delenv(book.SMOKE_ENV, raising=False)
+    assert book.smoke_mode() is False and book.smoke_mode(default=True) is True
+    monkeypatch.setenv(book.SMOKE_ENV, "1")
+    assert book.smoke_mode() is True
+    monkeypatch.setenv(book.SMOKE_ENV, "off")
+    assert book.smoke_mode(default=True) is False
+    monkeypatch.setenv(book.SMOKE_ENV, "maybe")
+    with pytest.raises(ValueError, match="DIT_SMOKE='maybe'"):
+        book.smoke_mode()
+
+
+def test_set_threads_respects_argument_and_env(monkeypatch):
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        assert book.set_threads(1) == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert book.set_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert book.set_threads() == book.available_cpus() >= 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "two")
+        with pytest.raises(ValueError, match="not an integer"):
+            book.set_threads()
+        with pytest.raises(ValueError, match="n >= 1"):
+            book.set_threads(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_strip_outputs_clears_outputs_and_widget_state(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1 + 1")
+    cell.execution_count = 3
+    cell.outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=3)]
+    nb.cells.append(cell)
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, path)
+    assert book.strip_outputs(path) is True
+    clean = nbformat.read(path, as_version=4)
+    assert clean.cells[0].outputs == [] and clean.cells[0].execution_count is None
+    assert "widgets" not in clean.metadata
+    assert book.strip_outputs(path) is False  # idempotent
+    assert book._main(["strip-outputs", str(path)]) == 0
