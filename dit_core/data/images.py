@@ -1,0 +1,296 @@
+"""Reading an ImageFolder dataset with PIL: the layout, the ADM center crop, and horizontal flips.
+
+DiT trains on ImageNet stored as ``root/<class>/<image>`` (torchvision's ``ImageFolder`` layout), center
+cropped the way ADM (Dhariwal & Nichol, 2021) does it, with a random horizontal flip as the only
+augmentation (Peebles & Xie, 2023, Sec. 5). This module does the same with PIL and numpy alone, because
+PyPI's torchvision does not import beside the CPU build of torch.
+
+Real datasets hold bad files: zero-byte downloads, truncated JPEGs, HTML error pages saved as ``.jpg``,
+CMYK or 16-bit images. :func:`load_image` is the single place that decides what happens to each of them,
+so the dataset check (:mod:`dit_core.data.check`) reports exactly what the loader will do. A file that
+cannot be decoded never stops an epoch: :class:`ImageFolderDataset` warns once and serves another image.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+# The extensions torchvision's ImageFolder accepts (compared in lower case).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+# Folder names taken as splits rather than classes when they sit directly under the root.
+SPLIT_NAMES = ("train", "val", "test")
+
+# What PIL raises on a bad file: OSError (truncated, not an image), ValueError and SyntaxError (broken
+# headers), DecompressionBombError (an image so large it is likely an attack).
+LOAD_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+# PIL modes that hold more than 8 bits per channel; PIL's own convert() clips them to 255.
+HIGH_BIT_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def is_image_file(name: str) -> bool:
+    """True when ``name`` has one of the image extensions and is not a hidden file.
+
+    Hidden files are left out: macOS writes ``._photo.jpg`` resource forks next to every image on
+    some disks, and those are not images.
+    """
+    return not os.path.basename(name).startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
+
+
+def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+    """Class names are the sub-folders of ``directory``, sorted by name (as torchvision does).
+
+    The label of a class is its position in that sorted list, so ``n01440764`` is 0 on ImageNet.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"dataset folder {str(directory)!r} does not exist; pass the folder that holds one "
+            "sub-folder per class (root/<class>/<image>) or the train/ and val/ splits"
+        )
+    classes = sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise FileNotFoundError(
+            f"no class folders in {str(directory)!r}: the layout must be root/<class>/<image> "
+            "(or root/train/<class>/<image>); for a first run export the digits with `dit-data digits OUT`"
+        )
+    return classes, {name: i for i, name in enumerate(classes)}
+
+
+def resolve_split(root: str | os.PathLike, split: str | None = None) -> Path:
+    """The folder whose sub-folders are the classes.
+
+    ``split`` given: ``root/split`` must exist. Not given: ``root/train`` when it exists (the ImageNet
+    layout), else ``root`` itself.
+    """
+    root = Path(root)
+    if split is not None:
+        folder = root / split
+        if not folder.is_dir():
+            present = [s for s in SPLIT_NAMES if (root / s).is_dir()]
+            raise FileNotFoundError(
+                f"split {split!r} not found: {str(folder)!r} is not a folder"
+                + (f" (splits present: {', '.join(present)})" if present
+                   else " (this dataset has no split folders; pass split=None)")
+            )
+        return folder
+    if (root / "train").is_dir():
+        return root / "train"
+    return root
+
+
+def make_samples(folder: Path, class_to_idx: dict[str, int]) -> tuple[list[tuple[str, int]], list[str]]:
+    """All image files below each class folder, in a fixed order: classes sorted, files sorted.
+
+    Returns ``(samples, ignored)``: ``samples`` is a list of ``(path, label)``; ``ignored`` lists the
+    files whose extension is not an image extension (they are left out, as torchvision does).
+    """
+    samples, ignored = [], []
+    for name in sorted(class_to_idx):
+        label = class_to_idx[name]
+        for dirpath, dirnames, filenames in sorted(os.walk(folder / name, followlinks=True)):
+            dirnames.sort()
+            for fname in sorted(filenames):
+                path = os.path.join(dirpath, fname)
+                if is_image_file(fname):
+                    samples.append((path, label))
+                else:
+                    ignored.append(path)
+    return samples, ignored
+
+
+def _to_8bit(img: Image.Image) -> Image.Image:
+    """A 16-bit or 32-bit grayscale image scaled into 8 bits (PIL's convert() would clip at 255)."""
+    arr = np.asarray(img)
+    if img.mode == "F":
+        lo, hi = float(np.nanmin(arr)), float(np.nanmax(arr))
+        scaled = (arr - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(arr)
+    else:
+        top = 65535.0 if arr.max(initial=0) <= 65535 else float(arr.max())
+        scaled = arr.astype(np.float64) * (255.0 / top)
+    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8))
+
+
+def load_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
+    """Open, fully decode and convert one image to ``mode`` ("RGB" or "L").
+
+    What happens to each kind of odd file (the dataset check reports the same):
+
+    - zero-byte, not an image, truncated or otherwise undecodable: raises ``OSError`` (callers skip it);
+    - 16-bit or 32-bit grayscale: scaled to 8 bits, then converted;
+    - CMYK, palette, grayscale, RGBA: ``Image.convert(mode)``, which drops an alpha channel as the
+      official DiT pipeline does.
+    """
+    if mode not in ("RGB", "L"):
+        raise ValueError(f"mode must be 'RGB' (colour) or 'L' (grayscale), got {mode!r}")
+    if os.path.getsize(path) == 0:
+        raise OSError(f"{path}: zero-byte file")
+    with Image.open(path) as img:
+        img.load()  # decode now, so a truncated file fails here and not later
+        if img.mode in HIGH_BIT_DEPTH_MODES:
+            img = _to_8bit(img)
+        return img.convert(mode) if img.mode != mode else img.copy()
+
+
+def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
+    """The ADM center crop used by DiT's data pipeline.
+
+    1. While the short side is at least twice ``image_size``, halve the image with a BOX filter (an
+       exact average of 2x2 blocks: cheap and alias free).
+    2. Resize with BICUBIC so that the short side equals ``image_size`` (sizes rounded to the nearest
+       pixel).
+    3. Cut the central ``image_size`` x ``image_size`` square.
+    """
+    if image_size <= 0:
+        raise ValueError(f"image_size must be a positive number of pixels, got {image_size}")
+    while min(pil_image.size) >= 2 * image_size:
+        half = (pil_image.size[0] // 2, pil_image.size[1] // 2)
+        pil_image = pil_image.resize(half, resample=Image.BOX)
+    factor = image_size / min(pil_image.size)
+    new_size = (round(pil_image.size[0] * factor), round(pil_image.size[1] * factor))
+    pil_image = pil_image.resize(new_size, resample=Image.BICUBIC)
+    arr = np.asarray(pil_image)
+    top = (arr.shape[0] - image_size) // 2
+    left = (arr.shape[1] - image_size) // 2
+    return Image.fromarray(arr[top : top + image_size, left : left + image_size])
+
+
+def resize_to(pil_image: Image.Image, image_size: int | None, center_crop: str | None) -> Image.Image:
+    """Bring an image to the training size: ``"adm"`` crop, ``"resize"`` (squash to a square), or
+    ``None`` (keep the image as it is; every image must then already have the same size)."""
+    if image_size is None or center_crop is None:
+        return pil_image
+    if center_crop == "adm":
+        return center_crop_arr(pil_image, image_size)
+    if center_crop == "resize":
+        return pil_image.resize((image_size, image_size), resample=Image.BICUBIC)
+    raise ValueError(f"center_crop must be 'adm', 'resize' or None, got {center_crop!r}")
+
+
+def to_tensor(pil_image: Image.Image) -> torch.Tensor:
+    """uint8 image (H, W[, C]) -> float32 tensor (C, H, W) in [-1, 1], as DiT's normalisation (mean 0.5,
+    std 0.5) gives."""
+    arr = np.array(pil_image, dtype=np.uint8)  # a writable copy that torch can share
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    x = torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))).float()
+    return x.div_(127.5).sub_(1.0)
+
+
+class ImageFolderDataset(torch.utils.data.Dataset):
+    """Images from ``root/<class>/<image>`` (or ``root/<split>/<class>/<image>``) as DiT trains on them.
+
+    ``dataset[i]`` is ``(x, label)``: ``x`` a float32 tensor (C, H, W) in [-1, 1] (C = 3 for mode "RGB",
+    1 for "L"), center cropped to ``image_size`` and flipped left-right with probability 1/2 when
+    ``flip`` is true. Labels follow the sorted class names, as in torchvision.
+
+    Bad files never stop an epoch: zero-byte files are left out when the folder is scanned (with a
+    warning); a file that fails to decode when it is read is reported once and the next readable image
+    (in index order, so the substitute is always the same) is served in its place. Run
+    ``dit-data check ROOT`` to see every such file before training.
+
+    Attributes: ``classes``, ``class_to_idx``, ``num_classes``, ``samples`` (list of ``(path, label)``),
+    ``root`` (the folder that holds the classes), ``sample_shape`` (C, H, W) when ``image_size`` is set.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        image_size: int | None,
+        split: str | None = None,
+        mode: str = "RGB",
+        flip: bool = True,
+        center_crop: str | None = "adm",
+    ):
+        if mode not in ("RGB", "L"):
+            raise ValueError(f"mode must be 'RGB' (colour) or 'L' (grayscale), got {mode!r}")
+        if center_crop not in ("adm", "resize", None):
+            raise ValueError(f"center_crop must be 'adm', 'resize' or None, got {center_crop!r}")
+        self.root = resolve_split(root, split)
+        self.image_size = image_size
+        self.mode = mode
+        self.flip = flip
+        self.center_crop = center_crop
+        self.classes, self.class_to_idx = find_classes(self.root)
+        samples, _ = make_samples(self.root, self.class_to_idx)
+        empty = [p for p, _ in samples if _file_size(p) == 0]
+        if empty:
+            warnings.warn(
+                f"{len(empty)} zero-byte file(s) in {self.root} left out, e.g. {empty[0]} "
+                "(run `dit-data check` for the full list)",
+                stacklevel=2,
+            )
+            empty_set = set(empty)
+            samples = [s for s in samples if s[0] not in empty_set]
+        if not samples:
+            raise FileNotFoundError(
+                f"no readable images under {str(self.root)!r} (extensions {', '.join(IMG_EXTENSIONS)})"
+            )
+        counts = np.bincount([label for _, label in samples], minlength=len(self.classes))
+        if (counts == 0).any():
+            missing = [self.classes[i] for i in np.flatnonzero(counts == 0)]
+            warnings.warn(f"class folder(s) without images: {missing[:5]}; their labels are never served", stacklevel=2)
+        self.samples = samples
+        self.targets = [label for _, label in samples]
+        self._bad: set[int] = set()  # indices that failed to decode (per process)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int] | None:
+        if self.image_size is None:
+            return None
+        return (3 if self.mode == "RGB" else 1, self.image_size, self.image_size)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, index: int) -> tuple[torch.Tensor, int]:
+        """Image ``index`` cropped and converted, not flipped; raises ``OSError`` if it cannot be decoded."""
+        path, label = self.samples[index]
+        img = resize_to(load_image(path, self.mode), self.image_size, self.center_crop)
+        return to_tensor(img), label
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        n = len(self.samples)
+        for step in range(n):
+            i = (index + step) % n
+            if i in self._bad:
+                continue
+            try:
+                x, label = self.load(i)
+            except LOAD_ERRORS as err:
+                self._bad.add(i)
+                warnings.warn(
+                    f"skipping unreadable image {self.samples[i][0]} ({err}); serving the next image instead",
+                    stacklevel=2,
+                )
+                continue
+            if self.flip and torch.rand(()) < 0.5:
+                x = x.flip(-1)
+            return x, label
+        raise RuntimeError(
+            f"none of the {n} images under {self.root} could be decoded; run `dit-data check {self.root}`"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageFolderDataset(root={str(self.root)!r}, images={len(self)}, classes={self.num_classes}, "
+            f"image_size={self.image_size}, mode={self.mode!r}, flip={self.flip})"
+        )
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
