@@ -28,75 +28,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dit_core.bench_data import loader_rate, make_jpegs, random_vae, rate  # noqa: E402
 from dit_core.data import ImageFolderDataset  # noqa: E402
 from dit_core.latents import LatentDataset, compare_precisions, encode_moments, extract_latents, load_vae  # noqa: E402
 
 
-def make_jpegs(root: Path, n: int, classes: int = 10, seed: int = 0) -> int:
-    """Write ``n`` smooth random JPEGs of ImageNet-like sizes; returns their total size in bytes."""
-    rng = np.random.default_rng(seed)
-    total = 0
-    for i in range(n):
-        folder = root / f"class{i % classes:03d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        w, h = int(rng.integers(350, 500)), int(rng.integers(300, 420))
-        base = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
-        img = Image.fromarray(base).resize((w, h), Image.BICUBIC)
-        noise = rng.normal(0, 12, (h, w, 3))
-        img = Image.fromarray(np.clip(np.asarray(img) + noise, 0, 255).astype(np.uint8))
-        path = folder / f"{i:06d}.jpg"
-        img.save(path, quality=90)
-        total += path.stat().st_size
-    return total
-
-
-def make_vae(kind: str, image_size: int):
-    from diffusers import AutoencoderKL
-
+def make_vae(kind: str):
+    """``tiny`` or ``real`` (SD-VAE architecture), both with random weights, or a hub id / local folder."""
     if kind == "tiny":
-        torch.manual_seed(0)
-        return AutoencoderKL(
-            in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1, norm_num_groups=4,
-            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 8, 16, 16), sample_size=image_size,
-        ), "tiny (8-16 channels, random weights)"
+        return random_vae("tiny"), "tiny (8-16 channels, random weights)"
     if kind == "real":
-        torch.manual_seed(0)
-        return AutoencoderKL(
-            in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2, norm_num_groups=32,
-            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(128, 256, 512, 512), sample_size=image_size,
-        ), "SD-VAE architecture (128-512 channels, random weights)"
+        return random_vae("sd"), "SD-VAE architecture (128-512 channels, random weights)"
     return load_vae(kind), kind
-
-
-def rate(fn, n: int, min_seconds: float = 1.0) -> float:
-    """Items per second of ``fn(i)`` over at least ``n`` calls and ``min_seconds``."""
-    fn(0)  # warm up (opens memmaps, caches)
-    count, t0 = 0, time.perf_counter()
-    while count < n or time.perf_counter() - t0 < min_seconds:
-        fn(count)
-        count += 1
-    return count / (time.perf_counter() - t0)
-
-
-def loader_rate(dataset, batch_size: int, workers: int, batches: int) -> float:
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                         drop_last=True, persistent_workers=workers > 0)
-    seen, t0 = 0, None
-    while seen < batches * batch_size:
-        for x, _ in loader:
-            if t0 is None:  # start the clock after the first batch (worker start-up)
-                t0 = time.perf_counter()
-                continue
-            seen += len(x)
-            if seen >= batches * batch_size:
-                break
-    return seen / (time.perf_counter() - t0)
 
 
 def main(argv=None) -> None:
@@ -123,7 +69,7 @@ def main(argv=None) -> None:
         kib = jpeg_bytes / args.images / 1024
         print(f"made {args.images} JPEGs ({kib:.0f} KiB each) in {time.perf_counter() - t0:.1f} s")
 
-        vae, vae_desc = make_vae(args.vae, args.image_size)
+        vae, vae_desc = make_vae(args.vae)
         vae = vae.to(device).eval().requires_grad_(False)
         print(f"\n1. extraction ({vae_desc}, {args.image_size} px, batch {args.batch_size}, {workers} loader workers)")
         out = work / "latents"

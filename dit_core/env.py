@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 
 import torch
 
@@ -261,3 +262,66 @@ def _safe(fn):
         return fn()
     except Exception:  # noqa: BLE001
         return None
+
+
+# --------------------------------------------------------------------------------------------- number formats
+#: Bits of (sign, exponent, mantissa) of the formats mixed-precision training uses. The exponent sets the
+#: range, the mantissa the precision. TF32 is not a storage type: it is how Ampere and later tensor cores
+#: multiply fp32 inputs (fp32's range, fp16's precision), switched on by ``torch.backends.cuda.matmul.allow_tf32``.
+FORMAT_BITS = {"fp32": (1, 8, 23), "tf32": (1, 8, 10), "bf16": (1, 8, 7), "fp16": (1, 5, 10)}
+
+
+def matmul_modes(device: str | torch.device | None = None) -> list[str]:
+    """The matmul precisions worth comparing on ``device``: fp32, bf16 and fp16 everywhere, and TF32 on a
+    CUDA GPU of compute capability 8.0 or later (elsewhere it does not exist)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    modes = ["fp32"]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+        modes.append("tf32")
+    return modes + ["bf16", "fp16"]
+
+
+def matmul_benchmark(n: int = 1024, modes=None, device: str | torch.device | None = None, repeats: int = 5,
+                     seed: int = 0) -> dict:
+    """Speed and accuracy of one ``n x n`` matrix product in each precision mode.
+
+    Returns ``{mode: {"tflops": ..., "ms": ..., "rel_error": ...}}``. Speed: median of ``repeats`` timed
+    products after one warm-up, at 2 n^3 FLOP each. Accuracy: relative (Frobenius) error against the float64
+    product of the same fp32 inputs, computed on ``device``. "bf16" and "fp16" cast both inputs, as autocast
+    does; "fp32" runs with TF32 off and "tf32" with it on (the setting is restored afterwards).
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    modes = list(modes or matmul_modes(device))
+    unknown = [m for m in modes if m not in FORMAT_BITS]
+    if unknown:
+        raise ValueError(f"unknown matmul mode(s) {unknown}; choose from {', '.join(FORMAT_BITS)}")
+    if "tf32" in modes and "tf32" not in matmul_modes(device):
+        raise ValueError(f"TF32 needs a CUDA GPU of compute capability 8.0 or later; {device} has none")
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, n, generator=gen).to(device)
+    b = torch.randn(n, n, generator=gen).to(device)
+    reference = a.double() @ b.double()
+    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    cuda = device.type == "cuda"
+    saved = torch.backends.cuda.matmul.allow_tf32
+    result = {}
+    try:
+        for mode in modes:
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            x, y = a.to(dtypes[mode]), b.to(dtypes[mode])
+            out = x @ y  # warm-up (kernel selection)
+            times = []
+            for _ in range(max(1, repeats)):
+                if cuda:
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                out = x @ y
+                if cuda:
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+            seconds = sorted(times)[len(times) // 2]
+            error = (out.double() - reference).norm() / reference.norm()
+            result[mode] = {"tflops": 2 * n**3 / seconds / 1e12, "ms": seconds * 1e3, "rel_error": float(error)}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return result
