@@ -1,0 +1,512 @@
+"""Generating images from a DiT: classifier-free guidance, three samplers, pixels or VAE latents, reproducibly.
+
+:func:`generate` runs the reverse diffusion for a list of class labels:
+
+* **samplers.** ``"ddpm"``: ancestral sampling with DiT's learned variance (DDPM Alg. 2, Improved DDPM eq. 15)
+  on ``steps`` evenly spaced steps of the 1000 (the paper evaluates with 250). ``"ddim"``: Song et al. 2021,
+  eq. 12, any ``steps`` and ``eta`` (0: deterministic, 1: DDPM-like noise), on the steps
+  ``0, T/steps, 2 T/steps, ...`` that diffusers' ``DDIMScheduler`` and the official ``"ddimN"`` use.
+  ``"dpm-solver++"``: the second-order multistep solver of Lu et al. 2022 through diffusers'
+  ``DPMSolverMultistepScheduler`` driving our model (good images in 20-25 steps).
+* **guidance** (Ho & Salimans 2022; DiT Sec. 4) runs the conditional and the null-class halves in one batch
+  through :meth:`dit_core.models.DiT.forward_with_cfg`: ``eps = eps_null + s (eps_y - eps_null)`` on all noise
+  channels, or on the first ``guidance_channels`` (3 reproduces the official sampler and its FID of 2.27).
+  ``cfg_scale=1`` is plain conditional sampling and skips the second half.
+* **reproducible per sample.** Sample ``i`` draws its starting noise, and with DDPM or ``eta > 0`` the noise of
+  every step, from its own CPU generator seeded with ``seed + i``. An image therefore depends on its seed and
+  label only, not on the batch size, the batch it landed in or the device (up to float round-off of batched
+  matrix products). Regenerate image ``i`` alone with ``generate(model, diffusion, [labels[i]], seed=seed + i)``.
+* **latent space.** With a ``vae`` the samples are latents, decoded in slices of ``decode_batch_size`` images
+  (and with tiled decoding for 512 px and larger), so big batches fit in memory.
+* **precision.** ``amp="bf16"``/``"fp16"`` autocasts the transformer (bf16 is about 3x faster than fp32 on CPUs
+  with AMX, and the usual choice on GPUs); ``"auto"`` picks bf16 on bf16 GPUs and AMX/AVX512-BF16 CPUs.
+
+Outputs: :func:`save_grid` writes a labelled PNG grid; :func:`save_npz` the ``.npz`` of the official FID
+tooling (``arr_0``: uint8 N x H x W x C) plus ``labels``. :func:`load_model` opens anything ``dit-sample
+--ckpt`` accepts: a dit_core run or checkpoint, an official ``.pt``, or a diffusers folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .diffusion import SpacedDiffusion, create_diffusion, space_timesteps
+
+SAMPLERS = ("ddpm", "ddim", "dpm-solver++")
+_SAMPLER_ALIASES = {"dpm": "dpm-solver++", "dpmsolver++": "dpm-solver++", "dpm-solver": "dpm-solver++",
+                    "dpm_solver++": "dpm-solver++", "dpmpp": "dpm-solver++"}
+OFFICIAL_VAE = "stabilityai/sd-vae-ft-mse"  # what the official sample.py decodes with by default
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Steps, guidance, precision
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _training_steps(diffusion) -> int:
+    return getattr(diffusion, "original_num_steps", diffusion.num_timesteps)
+
+
+def _rebuild(diffusion, use_timesteps) -> SpacedDiffusion:
+    full = _training_steps(diffusion)
+    if diffusion.num_timesteps != full:
+        raise ValueError(
+            f"pass the training diffusion (all {full} steps, create_diffusion('')) when asking for a step count; "
+            f"this one is already respaced to {diffusion.num_timesteps} steps"
+        )
+    return SpacedDiffusion(
+        use_timesteps=use_timesteps, betas=diffusion.betas, model_mean_type=diffusion.model_mean_type,
+        model_var_type=diffusion.model_var_type, loss_type=diffusion.loss_type,
+    )
+
+
+def respaced(diffusion, steps: int | str | None):
+    """The training diffusion with ``steps`` evenly spaced steps kept (e.g. 250 of 1000, first and last
+    included: the official ``"250"``); a string is any :func:`space_timesteps` spec; ``None`` keeps it."""
+    if steps is None:
+        return diffusion
+    return _rebuild(diffusion, space_timesteps(_training_steps(diffusion), str(steps)))
+
+
+def ddim_timesteps(num_train_steps: int, steps: int) -> list[int]:
+    """``0, k, 2k, ... (steps - 1) k`` with ``k = T // steps``: diffusers' DDIM "leading" spacing, which is the
+    official ``"ddimN"`` whenever that exists (25 -> 0, 40, ..., 960), and exists for every step count."""
+    steps = int(steps)
+    if not 1 <= steps <= num_train_steps:
+        raise ValueError(f"DDIM needs 1..{num_train_steps} steps, got {steps}")
+    stride = num_train_steps // steps
+    return [i * stride for i in range(steps)]
+
+
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """``"auto"``: bf16 on GPUs with bf16 (fp16 on older ones), bf16 on CPUs with AMX/AVX512-BF16, else fp32."""
+    amp = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(amp, amp)
+    if amp == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if device.type == "cpu":
+            from .train.loop import cpu_has_fast_bf16
+
+            return "bf16" if cpu_has_fast_bf16() else "fp32"
+        return "fp32"
+    if amp not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"amp must be 'auto', 'fp32', 'bf16' or 'fp16', got {amp!r}")
+    return amp
+
+
+def _autocast(device: torch.device, amp: str):
+    if amp == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[amp])
+
+
+def _guided(model, cfg_scale: float, guidance_channels: int | None):
+    """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N."""
+    if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
+        return lambda x, t, y: model(x, t, y).float()
+
+    def model_fn(x, t, y):
+        null = torch.full_like(y, model.num_classes)
+        out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), cfg_scale,
+                                     guidance_channels=guidance_channels)
+        return out[: x.shape[0]].float()
+
+    return model_fn
+
+
+def _noise(gens, shape, device) -> torch.Tensor:
+    """One standard normal draw of ``shape`` from each per-sample generator (on the CPU, then moved)."""
+    return torch.stack([torch.randn(shape, generator=g) for g in gens]).to(device)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The samplers: each runs one batch from its starting noise x to x_0
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _run_gaussian(diffusion, model_fn, x, y, gens, *, ddim: bool, eta: float, clip_denoised: bool, amp, device,
+                  tick, callback):
+    """DDPM (ancestral, learned variance) or DDIM on a respaced :class:`GaussianDiffusion`."""
+    shape = x.shape[1:]
+    n = diffusion.num_timesteps
+    for k, i in enumerate(range(n - 1, -1, -1)):
+        t = torch.full((len(x),), i, dtype=torch.long, device=device)
+        with _autocast(device, amp):
+            out = diffusion.p_mean_variance(model_fn, x, t, clip_denoised, model_kwargs=dict(y=y))
+        x0 = out["pred_xstart"].float()
+        if ddim:
+            # Song et al. 2021, eq. 12 with sigma of eq. 16; eps re-derived from the (possibly clipped) x_0.
+            ab, ab_prev = float(diffusion.alphas_cumprod[i]), float(diffusion.alphas_cumprod_prev[i])
+            eps = (x - math.sqrt(ab) * x0) / math.sqrt(1 - ab)
+            sigma = eta * math.sqrt((1 - ab_prev) / (1 - ab)) * math.sqrt(1 - ab / ab_prev)
+            x = math.sqrt(ab_prev) * x0 + math.sqrt(max(1 - ab_prev - sigma**2, 0.0)) * eps
+            if sigma > 0 and i > 0:
+                x = x + sigma * _noise(gens, shape, device)
+        else:
+            # DDPM Alg. 2: x_{t-1} = mu + sigma z, no noise at the last step.
+            x = out["mean"].float()
+            if i > 0:
+                x = x + torch.exp(0.5 * out["log_variance"].float()) * _noise(gens, shape, device)
+        tick()
+        if callback is not None:
+            callback(dict(step=k, num_steps=n, t=int(diffusion.timestep_map[i]) if hasattr(diffusion, "timestep_map")
+                          else i, x=x, x0=x0))
+    return x
+
+
+def dpm_solver_scheduler(diffusion, steps: int, clip_denoised: bool):
+    """diffusers' DPM-Solver++ (2nd order, multistep) on this diffusion's betas; ``clip_denoised`` clips the
+    predicted x_0 to [-1, 1] (its thresholding with a maximum of 1 is exactly that)."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    scheduler = DPMSolverMultistepScheduler(
+        num_train_timesteps=_training_steps(diffusion), trained_betas=np.asarray(diffusion.betas, np.float64),
+        algorithm_type="dpmsolver++", solver_order=2, prediction_type="epsilon", lower_order_final=True,
+        timestep_spacing="linspace", thresholding=bool(clip_denoised), sample_max_value=1.0,
+    )
+    scheduler.set_timesteps(int(steps))
+    return scheduler
+
+
+def _run_dpm(diffusion, model_fn, x, y, *, steps: int, clip_denoised: bool, amp, device, tick, callback):
+    if diffusion.num_timesteps != _training_steps(diffusion):
+        raise ValueError("pass the training diffusion (create_diffusion('')) to the dpm-solver++ sampler")
+    scheduler = dpm_solver_scheduler(diffusion, steps, clip_denoised)
+    channels = x.shape[1]
+    for k, t in enumerate(scheduler.timesteps):
+        tt = torch.full((len(x),), int(t), dtype=torch.long, device=device)
+        with _autocast(device, amp):
+            eps = model_fn(x, tt, y)[:, :channels].float()
+        x = scheduler.step(eps, t, x).prev_sample
+        tick()
+        if callback is not None:
+            callback(dict(step=k, num_steps=len(scheduler.timesteps), t=int(t), x=x, x0=None))
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------------
+# generate
+# ----------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate(
+    model,
+    diffusion=None,
+    labels=16,
+    *,
+    cfg_scale: float = 1.0,
+    sampler: str = "ddpm",
+    steps: int | str | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    batch_size: int = 64,
+    clip_denoised: bool | None = None,
+    guidance_channels: int | None = None,
+    eta: float = 0.0,
+    amp: str = "fp32",
+    progress: bool = False,
+    vae=None,
+    vae_scale: float | None = None,
+    decode_batch_size: int | None = None,
+    vae_tiling: bool | None = None,
+    callback=None,
+) -> torch.Tensor:
+    """Sample one image per entry of ``labels``; returns a float32 CPU tensor ``(N, C, H, W)``.
+
+    - ``labels``: class indices (a list or tensor); for an unconditional model, a number of samples.
+    - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``).
+    - ``sampler``/``steps``: ``"ddpm"`` (default all steps; the paper uses 250), ``"ddim"`` (default 50,
+      ``eta`` 0 deterministic) or ``"dpm-solver++"`` (default 25).
+    - ``cfg_scale``/``guidance_channels``: classifier-free guidance scale, and how many noise channels it
+      acts on (None: all; 3: the official sampler).
+    - ``clip_denoised``: clamp the predicted x_0 to [-1, 1]; default True in pixel space (the result is an
+      image in [-1, 1]) and False with a ``vae`` (latents are not bounded).
+    - ``vae``: a diffusers ``AutoencoderKL``: the samples are latents, divided by ``vae_scale`` (default:
+      the VAE's ``scaling_factor``, 0.18215) and decoded ``decode_batch_size`` at a time; ``vae_tiling``
+      (default: for 512 px and up) decodes in overlapping tiles. Returns images in [-1, 1].
+    - ``amp``: ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"auto"`` autocast of the transformer.
+    - ``callback(info)``: called after every step with ``step``, ``num_steps``, ``t`` (original index),
+      ``x`` (the current batch) and ``x0`` (the predicted clean batch; None for dpm-solver++).
+    """
+    sampler = _SAMPLER_ALIASES.get(str(sampler).lower(), str(sampler).lower())
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    if eta < 0:
+        raise ValueError(f"eta must be >= 0, got {eta}")
+    if eta != 0.0 and sampler != "ddim":
+        raise ValueError(f"eta is a DDIM setting; sampler {sampler!r} does not take it")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(labels, int):
+        labels = [0] * labels
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1).cpu()
+    num_classes = getattr(model, "num_classes", 0)
+    if num_classes and ((labels < 0) | (labels >= num_classes)).any():
+        bad = sorted(set(labels[(labels < 0) | (labels >= num_classes)].tolist()))
+        raise ValueError(f"labels must lie in 0..{num_classes - 1} for this model, got {bad[:10]}")
+    if device is None:
+        device = next(model.parameters()).device
+    device = torch.device(device)
+    amp = resolve_amp(amp, device)
+    weights = next(model.parameters()).dtype
+    if amp == "fp32" and weights in (torch.bfloat16, torch.float16):  # half weights need autocast for fp32 inputs
+        amp = "bf16" if weights == torch.bfloat16 else "fp16"
+    model = model.to(device).eval()
+    if diffusion is None:
+        diffusion = create_diffusion("", learn_sigma=getattr(model, "learn_sigma", True))
+    if clip_denoised is None:
+        clip_denoised = vae is None
+    if steps is None:
+        steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25}[sampler]
+    if sampler == "ddpm":
+        spaced = respaced(diffusion, steps)
+    elif sampler == "ddim":
+        spaced = _rebuild(diffusion, ddim_timesteps(_training_steps(diffusion), int(steps)))
+    else:
+        spaced = diffusion
+    num_steps = spaced.num_timesteps if sampler != "dpm-solver++" else int(steps)
+    shape = (model.in_channels, model.input_size, model.input_size)
+    model_fn = _guided(model, cfg_scale, guidance_channels)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_steps * math.ceil(len(labels) / batch_size), desc=f"{sampler} x {len(labels)} images",
+                   unit="step")
+    tick = bar.update if bar is not None else (lambda: None)
+    out = []
+    try:
+        for start in range(0, len(labels), batch_size):
+            y = labels[start : start + batch_size].to(device)
+            gens = [torch.Generator().manual_seed(int(seed) + start + j) for j in range(len(y))]
+            x = _noise(gens, shape, device)
+            batch_callback = None
+            if callback is not None:
+                batch_callback = lambda info, s=start: callback(dict(info, batch_start=s))  # noqa: E731
+            if sampler == "dpm-solver++":
+                x = _run_dpm(diffusion, model_fn, x, y, steps=int(steps), clip_denoised=clip_denoised, amp=amp,
+                             device=device, tick=tick, callback=batch_callback)
+            else:
+                x = _run_gaussian(spaced, model_fn, x, y, gens, ddim=sampler == "ddim", eta=eta,
+                                  clip_denoised=clip_denoised, amp=amp, device=device, tick=tick,
+                                  callback=batch_callback)
+            if vae is not None:
+                x = decode(vae, x, scale=vae_scale, batch_size=decode_batch_size, tiling=vae_tiling)
+            elif clip_denoised:
+                x = x.clamp(-1, 1)
+            out.append(x.float().cpu())
+    finally:
+        if bar is not None:
+            bar.close()
+    if out:
+        return torch.cat(out)
+    return torch.empty(0, *shape)
+
+
+@torch.no_grad()
+def decode(vae, latents: torch.Tensor, scale: float | None = None, batch_size: int | None = None,
+           tiling: bool | None = None) -> torch.Tensor:
+    """VAE-decode scaled latents to images in [-1, 1], ``batch_size`` at a time ("slicing": peak memory of one
+    slice, not of the whole batch), with tiled decoding when ``tiling`` (default: latents of 64 and up, 512 px)."""
+    from .latents import vae_scale as _vae_scale
+
+    scale = float(scale if scale is not None else _vae_scale(vae))
+    if tiling is None:
+        tiling = latents.shape[-1] >= 64
+    if tiling and hasattr(vae, "enable_tiling"):
+        vae.enable_tiling()
+    elif hasattr(vae, "disable_tiling"):
+        vae.disable_tiling()
+    param = next(vae.parameters())
+    batch_size = batch_size or len(latents)
+    images = []
+    for s in range(0, len(latents), batch_size):
+        z = latents[s : s + batch_size].to(param.device, param.dtype) / scale
+        images.append(vae.decode(z).sample.float().clamp(-1, 1).cpu())
+    return torch.cat(images)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs
+# ----------------------------------------------------------------------------------------------------------
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """``(N, C, H, W)`` in [-1, 1] to ``uint8`` ``(N, H, W, C)`` (the layout of PIL and of the FID tooling)."""
+    x = ((images.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).numpy()
+
+
+def save_npz(path: str | os.PathLike, images, labels=None) -> Path:
+    """Write ``arr_0`` (uint8 N x H x W x C, the official FID tooling's format) and ``labels`` (int64, N).
+
+    ``images``: ``(N, C, H, W)`` floats in [-1, 1] or an already converted uint8 ``(N, H, W, C)`` array.
+    """
+    arr = images if isinstance(images, np.ndarray) and images.dtype == np.uint8 else to_uint8(torch.as_tensor(images))
+    if arr.ndim != 4:
+        raise ValueError(f"images must be (N, H, W, C) uint8 or (N, C, H, W) floats, got shape {arr.shape}")
+    data = {"arr_0": arr}
+    if labels is not None:
+        labels = np.asarray(torch.as_tensor(labels).cpu(), dtype=np.int64).reshape(-1)
+        if len(labels) != len(arr):
+            raise ValueError(f"{len(arr)} images but {len(labels)} labels")
+        data["labels"] = labels
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **data)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None, labels=None,
+              scale: int | None = None, pad: int = 2):
+    """Save ``images`` (N, C, H, W) in [-1, 1] as one PNG grid, ``nrow`` images per row.
+
+    Small images are enlarged (nearest neighbour) by ``scale`` (default: to at least 64 px), and each tile
+    gets its label written above it when ``labels`` (numbers or names) are given. Returns the PIL image.
+    """
+    grid = make_grid(images, nrow=nrow, labels=labels, scale=scale, pad=pad)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return grid
+
+
+def make_grid(images: torch.Tensor, nrow: int | None = None, labels=None, scale: int | None = None, pad: int = 2):
+    """The labelled grid of :func:`save_grid` as a PIL image (for notebooks)."""
+    from PIL import Image, ImageDraw
+
+    arr = to_uint8(images)
+    n, h, w, c = arr.shape
+    nrow = nrow or max(1, math.ceil(math.sqrt(n)))
+    scale = scale or max(1, math.ceil(64 / max(h, w)))
+    th, tw = h * scale, w * scale
+    band = 12 if labels is not None else 0
+    rows = max(1, math.ceil(n / nrow))
+    mode = "L" if c == 1 else "RGB"
+    grid = Image.new(mode, (nrow * (tw + pad) + pad, rows * (th + band + pad) + pad), color=255)
+    draw = ImageDraw.Draw(grid)
+    for i in range(n):
+        r, col = divmod(i, nrow)
+        tile = Image.fromarray(arr[i, :, :, 0] if c == 1 else arr[i], mode)
+        tile = tile.resize((tw, th), resample=Image.NEAREST)
+        x0, y0 = pad + col * (tw + pad), pad + r * (th + band + pad)
+        if labels is not None:
+            draw.text((x0 + 1, y0), str(labels[i])[: max(1, tw // 6)], fill=0)
+        grid.paste(tile, (x0, y0 + band))
+    return grid
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Opening a model
+# ----------------------------------------------------------------------------------------------------------
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Open a model for sampling; returns ``(model, info)``.
+
+    ``path``: a dit_core run folder (its ``checkpoints/last.pt``) or checkpoint, an official ``.pt`` (e.g.
+    ``DiT-XL-2-256x256.pt``), a ``.safetensors`` state dict, or a diffusers ``DiTPipeline`` folder. ``info``
+    holds what the file says about sampling it: ``space`` ("pixel" or "latent"), ``vae`` (a name or folder, or
+    None), ``label_names``, ``noise_schedule``/``diffusion_steps``, and the run's sampling settings
+    (``sampler``, ``steps``, ``cfg_scale``) when it has them.
+    """
+    from .checkpoint import load_dit
+    from .interop import is_diffusers_folder, load_diffusers
+
+    path = Path(path)
+    if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
+        path = path / "checkpoints" / "last.pt"
+    info: dict = {"path": str(path), "noise_schedule": "linear", "diffusion_steps": 1000}
+    if path.is_dir():
+        if not is_diffusers_folder(path):
+            raise FileNotFoundError(
+                f"{path} is a folder but neither a dit_core run (no checkpoints/last.pt) nor a diffusers DiTPipeline "
+                "folder (no model_index.json or transformer/config.json)"
+            )
+        model = load_diffusers(path, device=device, dtype=dtype)
+        meta = model.checkpoint_meta
+        info.update(kind="diffusers", label_names=meta.get("label_names"), vae=meta.get("vae"),
+                    space=meta.get("space") or ("latent" if meta.get("vae") or model.in_channels == 4 else "pixel"))
+        if info["space"] == "latent" and not info["vae"]:
+            info["vae"] = OFFICIAL_VAE
+        return model, info
+
+    model = load_dit(path, device=device, dtype=dtype)
+    config = _training_config(path)
+    if config:
+        latent = config.get("data_kind") == "latents" or bool(config.get("latents_path"))
+        classes = config.get("classes")
+        info.update(
+            kind="dit_core", space="latent" if latent else "pixel", vae=config.get("vae") if latent else None,
+            label_names=[str(c) for c in classes] if classes else None,
+            noise_schedule=config.get("noise_schedule", "linear"), diffusion_steps=config.get("diffusion_steps", 1000),
+            sampler=config.get("sample_sampler"), steps=config.get("sample_steps"),
+            cfg_scale=config.get("sample_cfg_scale"),
+        )
+        if latent and not info["vae"]:
+            info["vae"] = _vae_of_latents(config.get("latents_path") or config.get("data_path"))
+    else:  # a bare state dict: the official checkpoints are latent models of SD's VAE
+        latent = model.in_channels == 4
+        info.update(kind="official" if latent else "state_dict", space="latent" if latent else "pixel", vae=OFFICIAL_VAE if latent else None, label_names=None,
+                    sampler="ddpm", steps=250, cfg_scale=4.0)
+    return model, info
+
+
+def _training_config(path: Path) -> dict:
+    """The ``config`` a dit_core training checkpoint carries (read lazily through mmap), else {}."""
+    if path.suffix not in (".pt", ".pth", ".ckpt"):
+        return {}
+    import argparse
+
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - load_dit already accepted the file; old zip formats refuse mmap
+        return {}
+    config = ckpt.get("config") if isinstance(ckpt, dict) else None
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def _vae_of_latents(folder) -> str | None:
+    if not folder:
+        return None
+    manifest = Path(folder) / "manifest.json"
+    if manifest.is_file():
+        import json
+
+        return json.loads(manifest.read_text()).get("vae")
+    return None
+
+
+def parse_classes(spec: str, num_classes: int | None = None) -> list[int]:
+    """``"0-9,12"`` -> ``[0, 1, ..., 9, 12]``: comma-separated numbers and inclusive ranges, in that order."""
+    out: list[int] = []
+    for part in str(spec).replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, "")
+                lo, hi = int(lo), int(hi)
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ValueError(f"cannot read class list {spec!r}: use numbers and ranges such as '0-9,12'") from None
+    if not out:
+        raise ValueError(f"class list {spec!r} names no class")
+    if num_classes is not None:
+        bad = [c for c in out if not 0 <= c < num_classes]
+        if bad:
+            raise ValueError(f"classes {bad[:10]} are out of range: this model has classes 0..{num_classes - 1}")
+    return out
