@@ -3,6 +3,9 @@
 #   make book    set up (if needed), execute every chapter at its embedded default, build HTML in _build/html
 #   make test    set up (if needed), run the whole pytest suite (unit tests + notebook smoke runs)
 #   make smoke   only the papermill smoke runs of the notebooks in book/
+#   make nbval   the cheap chapters at their full defaults, checked by nbval (lax: they must run without error)
+#   make book-smoke    quick HTML: the chapters at their SMOKE settings (reuses executed smoke runs; CI's build)
+#   make browser-test  headless Chromium over _build/html (built with book-smoke if missing): offline, math, figures
 #   make setup   create/refresh the Python environment (idempotent; quick when nothing changed)
 #   make clean   remove build outputs (keeps .venv; `make distclean` removes it too)
 #
@@ -44,13 +47,28 @@ SETUP_STAMP := $(ENV_PREFIX)/.dit-core-setup-$(SETUP_KEY)
 # Offline HTML: MathJax, RequireJS and the ipywidgets HTML manager come from npm into .vendor/
 # (not committed); _config.yml copies .vendor/static into the built HTML's _static/.
 VENDOR := .vendor
-NPM_PACKAGES := mathjax@3.2.2 @jupyter-widgets/html-manager@1.0.15 requirejs@2.3.8
+NPM_PACKAGES := mathjax@3.2.2 @jupyter-widgets/html-manager@1.0.15 requirejs@2.3.8 font-awesome@4.7.0
 VENDOR_STAMP := $(VENDOR)/.complete-$(shell echo '$(NPM_PACKAGES)' | cksum | cut -d' ' -f1)
 
-.PHONY: help setup test smoke book vendor clean distclean
+.PHONY: help setup test smoke book vendor clean distclean book-smoke browser-test nbval
+
+# Chapters cheap enough to run at their full defaults in CI (about a minute together on 2 cores).
+NBVAL_NOTEBOOKS ?= book/04_diffusion.ipynb book/08_troubleshooting.ipynb
+
+# A recipe that fails leaves no half-written target behind (executed smoke notebooks, stamps).
+.DELETE_ON_ERROR:
+
+# Quick HTML: the notebooks executed by the smoke runs (SMOKE = True), kept in SMOKE_DIR, are built without
+# executing them again. `make test` keeps them too when SMOKE_OUTPUT_DIR=$(SMOKE_DIR) is set (as .ci/run does);
+# a notebook is re-run only when it, or the library, changed since.
+SMOKE_DIR := _build/smoke
+SMOKE_STAGE := _build/smoke-src
+NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
+SMOKE_NOTEBOOKS := $(patsubst book/%.ipynb,$(SMOKE_DIR)/%.smoke.ipynb,$(NOTEBOOKS))
+LIBRARY_SOURCES := $(shell find dit_core -name '*.py' -o -name '*.yaml' 2>/dev/null)
 
 help:
-	@sed -n '2,7p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(SETUP_STAMP)
 
@@ -86,6 +104,10 @@ test: setup
 smoke: setup
 	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) "$(PYTHON)" -m pytest -q -m notebook tests/test_notebooks.py $(PYTEST_ARGS)
 
+nbval: setup
+	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) "$(PYTHON)" -m pytest -q -p no:cacheprovider \
+	  --nbval-lax --nbval-current-env $(NBVAL_NOTEBOOKS)
+
 vendor: $(VENDOR_STAMP)
 
 $(VENDOR_STAMP):
@@ -96,7 +118,30 @@ $(VENDOR_STAMP):
 	cp -R $(VENDOR)/node_modules/mathjax/es5 $(VENDOR)/static/vendor/mathjax
 	cp -R $(VENDOR)/node_modules/@jupyter-widgets/html-manager/dist $(VENDOR)/static/vendor/html-manager
 	cp $(VENDOR)/node_modules/requirejs/require.js $(VENDOR)/static/vendor/require.js
+	mkdir -p $(VENDOR)/static/vendor/font-awesome  # Font Awesome 4, for matplotlib's animation player (book/_ext)
+	cp -R $(VENDOR)/node_modules/font-awesome/css $(VENDOR)/node_modules/font-awesome/fonts $(VENDOR)/static/vendor/font-awesome/
 	touch $@
+
+$(SMOKE_DIR)/%.smoke.ipynb: book/%.ipynb $(LIBRARY_SOURCES) | setup
+	SMOKE_OUTPUT_DIR=$(SMOKE_DIR) OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
+	  "$(PYTHON)" -m pytest -q -p no:cacheprovider -m notebook tests/test_notebooks.py -k "$*"
+
+book-smoke: setup vendor $(SMOKE_NOTEBOOKS)
+	"$(PYTHON)" .ci/smoke_book.py $(SMOKE_DIR) $(SMOKE_STAGE)
+	JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build $(SMOKE_STAGE) --path-output . -W --keep-going --builder html
+	@echo ">> smoke book: file://$(CURDIR)/_build/html/index.html"
+
+# The browser test needs Chromium (Debian: apt-get install chromium; .ci/run installs it) and the playwright
+# package (installed here; its own browser downloads are never used). DIT_REQUIRE_BROWSER=1 turns a missing
+# prerequisite into a failure instead of a skip.
+browser-test: setup
+	@"$(PYTHON)" -c 'import playwright' 2>/dev/null || "$(PYTHON)" -m pip install -e ".[browser]"
+	@command -v chromium >/dev/null || test -x "$${DIT_CHROMIUM:-/usr/bin/chromium}" || { \
+	  echo "error: Chromium is needed for the browser test: apt-get install chromium (or set DIT_CHROMIUM)" >&2; exit 1; }
+	@test -f _build/html/index.html || $(MAKE) book-smoke
+	DIT_REQUIRE_BROWSER=1 OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
+	  "$(PYTHON)" -m pytest -q -p no:cacheprovider -m browser tests/test_browser.py $(PYTEST_ARGS)
+	@echo ">> screenshots: $(CURDIR)/_build/screenshots/"
 
 book: setup vendor
 	JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS)

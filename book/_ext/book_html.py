@@ -1,0 +1,76 @@
+"""Fixes to the HTML that Jupyter Book 1.x writes, so that the pages load offline and without console errors.
+
+* sphinx-thebe registers its inline configuration script (``const THEBE_JS_URL = ...``) in a way that Sphinx 7
+  emits twice on every page; the second copy throws "Identifier 'THEBE_JS_URL' has already been declared".
+  :func:`drop_duplicate_scripts` keeps the first copy of every script.
+* pydata-sphinx-theme logs "Got invalid theme mode" on every first visit unless a default mode is set;
+  :func:`set_default_mode` sets ``auto`` (follow the reader's system setting) unless _config.yml sets one.
+* The ipywidgets HTML manager loads its fonts relative to the URL of its AMD modules, which RequireJS puts in
+  the page's own folder (404s). ``static/book_widgets.js``, loaded between require.js and the manager
+  (``nb_ipywidgets_js`` in _config.yml), maps the module names to ``_static/vendor/html-manager/``. It also
+  gives MathJax 3 the one MathJax 2 call the manager makes (``MathJax.Hub.Queue``), which otherwise throws.
+* Some notebook outputs link stylesheets from a CDN: matplotlib's ``FuncAnimation.to_jshtml()`` (chapter 7)
+  adds Font Awesome 4 from maxcdn for its player buttons. :func:`use_vendored_css` points such links at the
+  copy that ``make vendor`` installs from npm (``_static/vendor/font-awesome``), so no page asks another host.
+
+The browser test (tests/test_browser.py) fails on any console error and any request to another host, so
+removing this extension shows there.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+#: Stylesheets that notebook outputs link from a CDN -> the vendored copy under _static/ (see the Makefile).
+VENDORED_CSS = {
+    r"https?://(?:maxcdn|stackpath)\.bootstrapcdn\.com/font-awesome/4\.[0-9.]+/css/font-awesome(?:\.min)?\.css":
+        "_static/vendor/font-awesome/css/font-awesome.min.css",
+    r"https?://cdnjs\.cloudflare\.com/ajax/libs/font-awesome/4\.[0-9.]+/css/font-awesome(?:\.min)?\.css":
+        "_static/vendor/font-awesome/css/font-awesome.min.css",
+}
+
+
+def set_default_mode(app, config) -> None:
+    context = dict(config.html_context or {})  # pydata-sphinx-theme reads it from html_context
+    context.setdefault("default_mode", "auto")
+    config.html_context = context
+
+
+def add_static_folder(app, config) -> None:
+    """Serve book/_ext/static/ (book_widgets.js) from _static/ beside the vendored files."""
+    folder = str(Path(__file__).resolve().parent / "static")
+    if folder not in config.html_static_path:
+        config.html_static_path = [*config.html_static_path, folder]
+
+
+def use_vendored_css(app, pagename, templatename, context, doctree) -> None:
+    body = context.get("body")
+    if not body:
+        return
+    for pattern, local in VENDORED_CSS.items():
+        body = re.sub(pattern, context["pathto"](local, 1), body)
+    context["body"] = body
+
+
+def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> None:
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, unique = set(), []
+    for script in scripts:
+        # Inline scripts are registered with filename None by some extensions and "" by Sphinx's copy.
+        filename = getattr(script, "filename", script) or ""
+        key = (str(filename), repr(sorted(getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    scripts[:] = unique
+
+
+def setup(app):
+    app.connect("config-inited", set_default_mode)
+    app.connect("config-inited", add_static_folder)
+    app.connect("html-page-context", use_vendored_css)
+    app.connect("html-page-context", drop_duplicate_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

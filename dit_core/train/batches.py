@@ -1,0 +1,148 @@
+"""What each training step sees, as a pure function of the seed and the step number.
+
+A DiT training step needs, for every image of the global batch: which image (the data order), the random
+numbers of its augmentation (the flip, the VAE posterior draw of a latent), a timestep ``t``, the noise
+``eps`` and whether its label is dropped for guidance. Here all of them are computed from ``(seed, step)``
+and the image's position ``k`` in the global batch, never from a generator whose state drifts along:
+
+* **exact resume** — a restarted run recomputes the numbers of step 1001 from the step counter alone, so
+  the data order needs no sampler state and a resumed run equals an uninterrupted one bit for bit;
+* **the same run on 1 or N processes, with or without accumulation** — every process draws the numbers of
+  the whole global batch and keeps its slice, so image ``k`` gets the same noise whichever process or
+  micro-batch it lands in (the official code seeds each rank differently, which gives an equally good
+  but different run for every world size).
+
+The data order is a fresh permutation of the dataset per epoch; position ``p`` of the endless stream is
+image ``perm_{p // N}[p % N]``. Step ``s`` takes the ``batch_size`` positions after the ``samples_seen``
+of the previous steps; process ``r`` of ``W`` takes, for micro-batch ``a``, the global-batch slots
+``(a W + r) m ... (a W + r + 1) m - 1`` with ``m`` the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Separate streams, so that changing one use of randomness never shifts another.
+STREAM_ORDER, STREAM_ITEMS, STREAM_STEP = 1, 2, 3
+
+
+def derive_seed(*keys: int) -> int:
+    """A well-mixed 63-bit seed from a tuple of non-negative integers (numpy's SeedSequence hashing)."""
+    words = np.random.SeedSequence([int(k) for k in keys]).generate_state(2, dtype=np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
+def generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded from ``keys``: the same keys give the same numbers on every machine."""
+    return torch.Generator().manual_seed(derive_seed(*keys))
+
+
+class DataOrder:
+    """The endless stream of dataset indices: one seeded permutation per epoch."""
+
+    def __init__(self, num_items: int, seed: int):
+        if num_items < 1:
+            raise ValueError("the dataset is empty")
+        self.num_items = num_items
+        self.seed = seed
+        self._epoch, self._perm = -1, None
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._perm = torch.randperm(self.num_items, generator=generator(self.seed, STREAM_ORDER, epoch))
+        return self._perm
+
+    def indices(self, start: int, count: int) -> list[int]:
+        """Dataset indices at stream positions ``start .. start + count - 1``."""
+        out = []
+        for p in range(start, start + count):
+            out.append(int(self.permutation(p // self.num_items)[p % self.num_items]))
+        return out
+
+
+def item_seeds(seed: int, step: int, batch_size: int) -> list[int]:
+    """One seed per image of step ``step``'s global batch, for the dataset's own randomness (flips, the
+    latent posterior draw): :class:`SeededItems` runs ``dataset[i]`` under it."""
+    g = generator(seed, STREAM_ITEMS, step)
+    return torch.randint(0, 2**62, (batch_size,), generator=g).tolist()
+
+
+@dataclass
+class StepDraws:
+    """The diffusion's random numbers for a whole global batch: timesteps, noise and label drops."""
+
+    t: torch.Tensor  # (B,) long, uniform over 0 .. T-1
+    noise: torch.Tensor  # (B, C, H, W) standard normal
+    drop: torch.Tensor  # (B,) bool, True: the label becomes the null class
+
+    def slice(self, sl: slice) -> "StepDraws":
+        return StepDraws(self.t[sl], self.noise[sl], self.drop[sl])
+
+
+def step_draws(seed: int, step: int, batch_size: int, sample_shape, num_timesteps: int,
+               dropout_prob: float) -> StepDraws:
+    """Draw ``t ~ U{0..T-1}``, ``eps ~ N(0, I)`` and the label drops for step ``step`` (on the CPU, so that
+    every device and process count sees the same numbers)."""
+    g = generator(seed, STREAM_STEP, step)
+    t = torch.randint(0, num_timesteps, (batch_size,), generator=g)
+    noise = torch.randn((batch_size, *sample_shape), generator=g)
+    drop = torch.rand((batch_size,), generator=g) < dropout_prob
+    return StepDraws(t, noise, drop)
+
+
+def micro_slice(batch_size: int, grad_accum: int, world_size: int, rank: int, micro: int) -> slice:
+    """The global-batch slots of micro-batch ``micro`` on process ``rank``."""
+    m = batch_size // (grad_accum * world_size)
+    start = (micro * world_size + rank) * m
+    return slice(start, start + m)
+
+
+class SeededItems(torch.utils.data.Dataset):
+    """Wrap a dataset so that item ``(index, seed)`` is ``dataset[index]`` computed with torch's generator
+    seeded by ``seed``: its flip and posterior draw become a function of the item, not of the worker or the
+    order of reading. The caller's random state is left untouched."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item):
+        index, seed = item
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            x, y = self.dataset[index]
+        return x, int(y)
+
+
+class MicroBatches:
+    """The batch sampler of one process: lists of ``(index, item_seed)`` for every micro-batch of every step
+    from ``start_step``, the stream starting at position ``samples_seen``. Used as a DataLoader
+    ``batch_sampler``, so workers load ahead while the order stays exact."""
+
+    def __init__(self, order: DataOrder, seed: int, batch_size: int, grad_accum: int, world_size: int,
+                 rank: int, start_step: int, end_step: int, samples_seen: int):
+        self.order, self.seed = order, seed
+        self.batch_size, self.grad_accum = batch_size, grad_accum
+        self.world_size, self.rank = world_size, rank
+        self.start_step, self.end_step, self.samples_seen = start_step, end_step, samples_seen
+
+    def __len__(self) -> int:
+        return max(0, self.end_step - self.start_step) * self.grad_accum
+
+    def step_items(self, step: int) -> list[tuple[int, int]]:
+        """All ``(index, seed)`` pairs of the global batch of ``step``."""
+        position = self.samples_seen + (step - self.start_step) * self.batch_size
+        indices = self.order.indices(position, self.batch_size)
+        return list(zip(indices, item_seeds(self.seed, step, self.batch_size)))
+
+    def __iter__(self):
+        for step in range(self.start_step, self.end_step):
+            items = self.step_items(step)
+            for micro in range(self.grad_accum):
+                yield items[micro_slice(self.batch_size, self.grad_accum, self.world_size, self.rank, micro)]

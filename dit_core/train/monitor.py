@@ -1,0 +1,144 @@
+"""Watching a run: a progress bar, metric records, TensorBoard, memory, the end-of-run summary.
+
+Only process 0 writes anything. Every ``log_every`` steps one record goes to ``<out>/metrics.jsonl`` (one
+JSON object per line: easy to load with pandas or a few lines of Python), to TensorBoard (``<out>/tb``;
+``tensorboard --logdir <out>/tb``) and to the console; the tqdm bar shows the loss, steps/s and images/s
+all the time. Throughput is measured over the steps since the previous record, leaving out time spent on
+checkpoints and sample grids.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on a GPU; peak resident memory of the process on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss_kb / 2**20 if sys.platform != "darwin" else rss_kb / 2**30
+
+
+class Monitor:
+    def __init__(self, out: Path, enabled: bool, start_step: int, max_steps: int, batch_size: int,
+                 device: torch.device, log_every: int, tensorboard: bool, progress: bool):
+        self.enabled, self.device = enabled, device
+        self.batch_size, self.log_every = batch_size, max(1, log_every)
+        self.step = start_step
+        self.last_record = None
+        self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
+        self._losses: list[float] = []
+        self.bar = self.jsonl = self.tb = None
+        if not enabled:
+            return
+        self.jsonl = open(Path(out) / "metrics.jsonl", "a", buffering=1)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(Path(out) / "tb"))
+            except ImportError:
+                print("tensorboard is not installed: metrics go to metrics.jsonl only", file=sys.stderr)
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def pause(self):
+        """Call around work that is not training (checkpoints, samples) to keep it out of the throughput."""
+        return _Pause(self)
+
+    def update(self, step: int, loss: float, lr: float, grad_norm: float, skipped: int, extra: dict,
+               force: bool = False) -> None:
+        """Record one finished optimizer step (``step`` counts steps done, from 1); a record is written every
+        ``log_every`` steps and when ``force`` is set (the last step)."""
+        self.step = step
+        self._window_steps += 1
+        if loss == loss:  # not NaN
+            self._losses.append(loss)
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+        if step % self.log_every and not force:
+            return
+        elapsed = time.perf_counter() - self._window_start - self._paused
+        sps = self._window_steps / elapsed if elapsed > 0 else float("nan")
+        record = {
+            "step": step,
+            "loss": sum(self._losses) / len(self._losses) if self._losses else float("nan"),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "steps_per_s": sps,
+            "images_per_s": sps * self.batch_size,
+            "skipped_steps": skipped,
+            "peak_memory_gb": peak_memory_gb(self.device),
+            "time": time.time(),
+            **extra,
+        }
+        self.last_record = record
+        self.jsonl.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if key not in ("step", "time") and isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"train/{key}", value, step)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", it_s=f"{sps:.2f}", img_s=f"{sps * self.batch_size:.0f}")
+        else:
+            print(f"step {step:>7d}  loss {record['loss']:.4f}  lr {lr:.2e}  {sps:.2f} steps/s  "
+                  f"{sps * self.batch_size:.0f} img/s", flush=True)
+        self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
+        self._losses = []
+
+    def write(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def image(self, tag: str, path: Path, step: int) -> None:
+        if self.tb is None:
+            return
+        import numpy as np
+        from PIL import Image
+
+        arr = np.asarray(Image.open(path).convert("RGB"))
+        self.tb.add_image(tag, arr, step, dataformats="HWC")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class _Pause:
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.monitor._paused += time.perf_counter() - self.t0
+
+
+def format_summary(summary: dict) -> str:
+    """The end-of-run summary as a few aligned lines."""
+    lines = ["", "== dit-train summary " + "=" * 50]
+    for key, value in summary.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        lines.append(f"  {key:<22} {value}")
+    return "\n".join(lines)

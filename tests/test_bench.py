@@ -1,0 +1,149 @@
+"""dit-bench on tiny models: every rung runs, its figures are consistent, the reference step is there."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from dit_core import bench, memory
+from dit_core.bench import BenchSpec, measure_rung, resolve_spec
+
+PIXEL = BenchSpec(model="tiny-pixel", pixel=True, image_size=8, batch_size=4, steps=2, warmup=1, threads=1,
+                  shape=dict(depth=2, hidden_size=64, num_heads=4, patch_size=2, input_size=8, in_channels=1,
+                             num_classes=10),
+                  sample_steps=2, sample_batch=2)
+# a latent model on 32 px images (4 x 4 latents): the VAE really runs in the loop
+LATENT = BenchSpec(model="tiny-latent", image_size=32, batch_size=2, steps=1, warmup=1, threads=1, vae=None,
+                   shape=dict(depth=1, hidden_size=32, num_heads=2, patch_size=2, input_size=4, in_channels=4,
+                              num_classes=10),
+                   sample_steps=2, sample_batch=1)
+
+
+def test_pixel_ladder_rows_are_consistent():
+    rows = [measure_rung(PIXEL, key) for key in ("official", "baseline", "ckpt", "amp", "sdpa")]
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert len(row["step_s"]) == 2 and row["step_s_median"] > 0
+        assert row["images_per_s"] == pytest.approx(4 / row["step_s_median"])
+        assert row["vae"] is None  # pixel space: no VAE anywhere
+        # the planner's peak against every tensor the step allocated (CPU tracker)
+        assert -0.05 < memory.relative_error(row["planned_peak_bytes"], row["tensor_peak_bytes"]) < 0.15, row
+    by = {r["rung"]: r for r in rows}
+    assert by["amp"]["precision"] == "bf16" and by["baseline"]["precision"] == "fp32"
+    assert by["sdpa"]["attention"] == "sdpa" and by["baseline"]["attention"] == "math"
+    assert by["ckpt"]["planned"]["activations"] < by["baseline"]["planned"]["activations"]
+    assert by["ckpt"]["tensor_peak_bytes"] < by["baseline"]["tensor_peak_bytes"]
+    bench._add_ratios(rows)
+    assert by["official"]["speedup_vs_official"] == 1.0
+    assert by["sdpa"]["speedup_vs_baseline"] == pytest.approx(by["baseline"]["step_s_median"] / by["sdpa"]["step_s_median"])
+
+
+def test_gradient_accumulation_rung_and_its_memory():
+    row = measure_rung(replace(PIXEL, grad_accum=2, steps=1), "sdpa")
+    assert row["status"] == "ok" and row["grad_accum"] == 2
+    assert row["images_per_s"] == pytest.approx(8 / row["step_s_median"])
+    # the first micro-batch's gradients are alive during the second: the planner counts them
+    assert -0.05 < memory.relative_error(row["planned_peak_bytes"], row["tensor_peak_bytes"]) < 0.15
+
+
+def test_official_step_is_the_plain_one():
+    spec = resolve_spec(PIXEL)
+    step = bench.OfficialStep(spec, torch.device("cpu"))
+    assert step.model.attn_backend == "math" and step.precision == "fp32" and not step.model.checkpointed_blocks
+    assert not step.opt.defaults.get("fused")
+    loss = step()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in step.model.parameters() if p.requires_grad)  # zero_grad after forward
+
+
+def test_latent_rungs_time_the_vae_and_say_which_one():
+    rows = {key: measure_rung(LATENT, key) for key in ("baseline", "latents")}
+    assert rows["baseline"]["status"] == "ok" and rows["latents"]["status"] == "ok"
+    assert rows["baseline"]["vae"].startswith("random-init AutoencoderKL")
+    assert rows["latents"]["vae"] is None  # pre-extracted latents: no VAE in the loop
+    assert rows["baseline"]["planned"]["VAE in the loop"] > memory.VAE_PARAMS * 4
+    assert rows["latents"]["planned"]["VAE in the loop"] == 0
+
+
+def test_sampling_throughput_with_guidance_and_decoder():
+    s = bench.measure_sampling(LATENT)
+    assert s["images_per_s"] > 0 and s["cfg_scale"] == 4.0 and s["decode_s"] > 0
+    assert s["vae"].startswith("random-init")
+    p = bench.measure_sampling(PIXEL)
+    assert p["decode_s"] == 0 and p["vae"] is None
+
+
+def test_isolated_rung_runs_in_a_fresh_process():
+    row = bench.measure_rung_isolated(resolve_spec(PIXEL), "sdpa", timeout=300)
+    assert row["status"] == "ok", row
+    assert row["peak_kind"] == "peak RSS of the process" and row["peak_bytes"] > row["rss_setup_bytes"] // 2
+
+
+def test_optimizer_timings():
+    rows = {r["what"]: r for r in bench.measure_optimizers(resolve_spec(PIXEL), repeats=1)}
+    fused = rows["AdamW fused"]
+    assert fused["ms"] > 0
+    trainable = memory.param_counts(bench.model_shape(PIXEL))["trainable"]
+    assert fused["state_bytes"] >= 8 * trainable  # two fp32 moments (+ step counters)
+    assert "AdamW 8-bit (bitsandbytes)" in rows and "EMA update on cpu" in rows
+
+
+def test_run_benchmark_table_and_json(tmp_path):
+    result = bench.run_benchmark(PIXEL, ["official", "baseline", "sdpa"], isolate=False, sampling=True)
+    table = bench.format_table(result)
+    assert "official-style plain step" in table and "x official" in table and "sampling: ddim 2 steps" in table
+    path = bench.save_result(result, tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    assert [r["rung"] for r in data["rows"]] == ["official", "baseline", "sdpa"]
+    assert data["model"]["train_gflop_per_image"] > 0 and data["environment"]["device"] == "cpu"
+    assert all("achieved_tflops" in r for r in data["rows"])
+    checks = data["activation_check"]  # the planner against the bytes autograd saved, for this model
+    assert [(c["precision"], c["attention"], c["checkpointed"]) for c in checks] == [
+        ("fp32", "math", 0), ("bf16", "sdpa", 0), ("bf16", "sdpa", 2)]
+    assert all(abs(c["error"]) < 1e-3 for c in checks)
+    assert "planner vs saved activations" in table
+
+
+def test_repeats_pool_the_steps_in_alternating_order():
+    result = bench.run_benchmark(replace(PIXEL, steps=1), ["baseline", "sdpa"], isolate=False, sampling=False,
+                                 activations=False, repeats=2)
+    for row in result["rows"]:
+        assert row["passes"] == 2 and len(row["step_s"]) == 2
+        assert row["step_s_min"] <= row["step_s_median"]
+    assert "x 2 passes in alternating order" in bench.format_table(result)
+
+
+def test_default_ladders():
+    assert bench.default_rungs("cuda", pixel=False) == [
+        "official", "baseline", "ckpt", "amp", "latents", "sdpa", "tf32", "compile", "all", "all-no-ckpt"]
+    cpu = bench.default_rungs("cpu", pixel=True, compile=False)
+    assert "tf32" not in cpu and "latents" not in cpu and "compile" not in cpu and "all" not in cpu
+    assert cpu[-2:] == ["all-eager", "all-no-ckpt-eager"] and not bench.RUNGS["all-eager"].compile
+    assert bench.device_peak_tflops("NVIDIA H100 80GB HBM3") == 989
+    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165
+    assert bench.device_peak_tflops("Tesla T4") is None
+
+
+def test_dit_bench_command(tmp_path, capsys):
+    from dit_core.cli.bench import main
+
+    out = tmp_path / "bench.json"
+    rc = main(["--model", "digits", "--batch-size", "4", "--steps", "1", "--rungs", "baseline,amp",
+               "--no-isolate", "--no-sampling", "--threads", "1", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "digits" in text and "+ mixed precision" in text
+    data = json.loads(out.read_text())
+    assert data["spec"]["pixel"] and data["rows"][1]["precision"] == "bf16"
+
+
+def test_bad_input_is_a_clear_error(capsys):
+    from dit_core.cli.bench import main
+
+    with pytest.raises(ValueError, match="unknown rung"):
+        bench.run_benchmark(PIXEL, ["baseline", "warp-speed"], isolate=False, sampling=False)
+    assert main(["--model", "DiT-Q/2", "--no-isolate"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="does not match image_size"):
+        resolve_spec(BenchSpec(model="x", image_size=256, shape=dict(PIXEL.shape)))

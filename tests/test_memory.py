@@ -1,0 +1,197 @@
+"""The memory planner: its activation formula against the bytes autograd really saves, its peak against every
+tensor a step allocates (CPU and meta device), and its choices."""
+
+import json
+
+import pytest
+import torch
+
+from dit_core import memory
+from dit_core.flops import count_params, meta_model
+from dit_core.memory import ModelShape, TrainSetup, activation_bytes, estimate, plan
+from dit_core.models import DiT, DiT_models
+
+TINY = dict(depth=2, hidden_size=64, num_heads=4, patch_size=2, input_size=8, in_channels=4, num_classes=10)
+DIGITS = dict(depth=3, hidden_size=96, num_heads=3, patch_size=2, input_size=8, in_channels=1, num_classes=10)
+
+
+def test_parameter_formula_matches_built_models():
+    for name in DiT_models:
+        assert memory.param_counts(ModelShape.from_name(name, 256))["total"] == count_params(meta_model(name, 256))
+    assert memory.param_counts(ModelShape.from_name("DiT-XL/2"))["total"] == 675_129_632
+    for kwargs in (TINY, dict(DIGITS, num_classes=0, learn_sigma=False), dict(DIGITS, class_dropout_prob=0.0)):
+        with torch.device("meta"):
+            model = DiT(**kwargs)
+        counts = memory.param_counts(ModelShape.from_model(model))
+        assert counts["total"] == count_params(model)
+        assert counts["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("attn", ["sdpa", "math"])
+@pytest.mark.parametrize("kwargs", [TINY, DIGITS, dict(DIGITS, num_classes=0, learn_sigma=False)], ids=["tiny", "digits", "uncond"])
+def test_activation_formula_equals_saved_tensor_bytes(kwargs, attn, precision):
+    torch.manual_seed(0)
+    model = DiT(**kwargs, attn_backend=attn)
+    shape = ModelShape.from_model(model)
+    for checkpointed in (0, 1, shape.depth):
+        model.set_grad_checkpointing(checkpointed)
+        measured = memory.measure_saved_per_sample(model, precision)
+        predicted = activation_bytes(shape, precision, attn, checkpointed)
+        assert predicted.per_sample == pytest.approx(measured["per_sample"], rel=2e-3, abs=32)
+        # the batch-independent part is autocast's weight copies that backward needs
+        assert predicted.weight_casts == pytest.approx(measured["constant"], abs=64)
+
+
+def test_activation_formula_on_a_dit_s_model_with_bf16_and_sdpa():
+    """A real DiT-S block width (384, 6 heads) on the CPU, in the precision and attention that GPUs use."""
+    torch.manual_seed(0)
+    model = DiT(**ModelShape.from_name("DiT-S/4", 128).model_kwargs())  # 16 x 16 latents, 16 tokens
+    shape = ModelShape.from_model(model)
+    measured = memory.measure_saved_per_sample(model, "bf16")["per_sample"]
+    assert activation_bytes(shape, "bf16", "sdpa").per_sample == pytest.approx(measured, rel=1e-3)
+
+
+def test_activation_formula_on_dit_xl2_at_256px_on_the_meta_device():
+    """The large configuration costs nothing on the meta device (fp32, math attention there)."""
+    model = meta_model("DiT-XL/2", 256, attn_backend="math")
+    shape = ModelShape.from_model(model)
+    for checkpointed in (0, 28):
+        model.set_grad_checkpointing(checkpointed)
+        measured = memory.measure_saved_per_sample(model, "fp32", loss="none")["per_sample"]
+        predicted = activation_bytes(shape, "fp32", "math", checkpointed, loss="none").per_sample
+        assert predicted == pytest.approx(measured, rel=1e-3)
+    # the fp32 per-sample figure behind the out-of-memory reports: ~0.77 GiB per image without checkpointing
+    assert 0.7 < activation_bytes(shape, "fp32", "math").per_sample / memory.GIB < 0.8
+
+
+def test_checkpointing_and_mixed_precision_shrink_activations_as_derived():
+    shape = ModelShape.from_name("DiT-XL/2", 256)
+    fp32 = activation_bytes(shape, "fp32", "sdpa")
+    bf16 = activation_bytes(shape, "bf16", "sdpa")
+    ckpt = activation_bytes(shape, "bf16", "sdpa", checkpointed=28)
+    assert 0.55 < bf16.per_sample / fp32.per_sample < 0.65  # residual stream and LayerNorm stay fp32
+    assert ckpt.per_sample < fp32.per_sample / 15  # only each block's input survives
+    math = activation_bytes(shape, "fp32", "math")
+    assert math.per_sample > fp32.per_sample  # explicit attention keeps the T x T probabilities
+    with pytest.raises(ValueError, match="checkpointed must be in 0..28"):
+        activation_bytes(shape, checkpointed=29)
+
+
+@pytest.mark.parametrize("precision,attn,checkpointed,accum", [
+    ("fp32", "sdpa", 0, 1), ("fp32", "math", 1, 2), ("bf16", "sdpa", 0, 2), ("bf16", "sdpa", 3, 1),
+])
+def test_predicted_peak_brackets_the_tracked_peak_on_cpu(precision, attn, checkpointed, accum):
+    shape = ModelShape(name="digits-like", **DIGITS)
+    setup = TrainSetup(micro_batch=8, grad_accum=accum, checkpointed=checkpointed, precision=precision, attn=attn)
+    measured = memory.simulate_peak(shape, setup, "cpu")["peak"]
+    predicted = estimate(shape, setup, loss="none").peak
+    assert -0.03 < memory.relative_error(predicted, measured) < 0.10
+
+
+@pytest.mark.slow
+def test_predicted_peak_of_dit_xl2_on_the_meta_device():
+    shape = ModelShape.from_name("DiT-XL/2", 256)
+    setup = TrainSetup(micro_batch=32, checkpointed=28, precision="fp32", attn="math")
+    measured = memory.simulate_peak(shape, setup, "meta")
+    # alive when the step starts: weights, EMA, AdamW's two moments and last step's gradients
+    assert measured["start"] == pytest.approx(20 * 675_129_632, rel=0.01)
+    predicted = estimate(shape, setup, loss="none").peak
+    assert -0.03 < memory.relative_error(predicted, measured["peak"]) < 0.10
+
+
+def test_vae_term_matches_the_tracked_encoder_peak():
+    diffusers = pytest.importorskip("diffusers")
+    from dit_core.bench import SD_VAE_CONFIG
+
+    with torch.device("meta"):
+        vae = diffusers.AutoencoderKL(**SD_VAE_CONFIG).eval().requires_grad_(False)
+    assert sum(p.numel() for p in vae.parameters()) == memory.VAE_PARAMS
+    x = torch.zeros(2, 3, 256, 256, device="meta")
+    tracker = memory.TensorMemoryTracker()
+    with torch.no_grad(), tracker:
+        vae.encode(x).latent_dist.mean
+    tracker.close()
+    est = estimate(ModelShape.from_name("DiT-S/2"), micro_batch=2, vae_in_loop=True, vae_precision="fp32")
+    assert est.vae_weights == memory.VAE_PARAMS * 4
+    assert est.vae_encode == pytest.approx(tracker.peak, rel=0.01)
+
+
+def test_tracker_counts_allocations_once_and_sees_frees():
+    tracker = memory.TensorMemoryTracker()
+    with tracker:
+        a = torch.ones(1000)  # 4000 bytes
+        view = a[:10]  # shares storage: not a new allocation
+        b = a * 2
+        assert tracker.live == 8000
+        del a, b
+    assert tracker.peak == 8000
+    assert tracker.live == 4000  # `view` keeps a's storage alive
+    del view
+    assert tracker.live == 0
+    tracker.close()
+
+
+def test_planner_choices_by_card_size():
+    shape = ModelShape.from_name("DiT-XL/2", 256)
+    big = plan(shape, 80, global_batch=256)
+    assert big.fits and big.setup.checkpointed == 0 and big.estimate.peak <= big.budget
+    mid = plan(shape, "24GB", global_batch=256)
+    assert mid.fits and mid.estimate.peak <= mid.budget
+    assert mid.setup.global_batch == 256 and mid.setup.grad_accum > 1
+    assert big.setup.micro_batch >= mid.setup.micro_batch
+    # the same card without mixed precision needs more recomputation or smaller micro-batches
+    fp32 = plan(shape, 24, global_batch=256, precision="fp32")
+    assert fp32.relative_time >= mid.relative_time
+    assert any("choice: micro-batch" in line for line in mid.explanation)
+
+
+def test_dit_xl2_on_12_gb_needs_the_low_memory_options():
+    shape = ModelShape.from_name("DiT-XL/2", 256)
+    default = plan(shape, "rtx3060")
+    assert not default.fits
+    assert "--ema cpu" in str(default) and "--optimizer adamw8bit" in str(default)
+    rows = {r["option"]: r for r in memory.low_memory_options(shape, 12)}
+    both = rows["8-bit AdamW + EMA on the CPU"]
+    assert both["fits"] and both["peak_gib"] <= 12
+    assert "PCIe" in both["cost"] and "bitsandbytes" in both["cost"]
+    assert rows["AdamW, EMA on the GPU"]["static_gib"] > 10  # 16 bytes per parameter
+
+
+def test_eight_bit_adamw_state_bytes_match_bitsandbytes():
+    bnb = pytest.importorskip("bitsandbytes")
+    layer = torch.nn.Linear(256, 256, bias=False)
+    opt = bnb.optim.AdamW8bit(layer.parameters(), lr=1e-4)
+    layer(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    tensors = [v for k, v in opt.state[layer.weight].items() if torch.is_tensor(v) and not k.startswith("qmap")]
+    state = memory.tensor_bytes(tensors)  # 8-bit moments and their block scales; the shared qmaps excluded
+    assert state == memory.optimizer_state_bytes(256 * 256, "adamw8bit")
+
+
+def test_bad_inputs_say_what_to_do():
+    with pytest.raises(ValueError, match="rtx3090"):
+        memory.parse_memory("lots")
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        TrainSetup(optimizer="sgd")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        TrainSetup(precision="fp8")
+    with pytest.raises(ValueError, match="attention backend must be one of"):
+        activation_bytes(ModelShape(**TINY), attn="flash")
+    assert memory.parse_memory("rtx3090") == 24 and memory.parse_memory("40GB") == 40
+
+
+def test_dit_plan_command(capsys):
+    from dit_core.cli.plan import main
+
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "choice: micro-batch" in out and "predicted peak" in out and "activations per sample" in out
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", "12", "--low-memory"]) == 1
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "8-bit AdamW + EMA on the CPU" in out
+    assert main(["--model", "digits", "--gpu-memory", "12", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] and data["setup"]["checkpointed"] == 0
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", "plenty"]) == 2
+    assert "neither a number" in capsys.readouterr().err

@@ -1,0 +1,299 @@
+"""The trainer: configuration and its errors, data order, EMA, gradient accumulation, the NaN guard, checkpoints
+and exact resume after SIGKILL (the CLI in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dit_core import load_dit
+from dit_core.checkpoint import CheckpointError
+from dit_core.train import ConfigError, TrainingDiverged, make_config, train
+from dit_core.train.batches import DataOrder, MicroBatches, micro_slice, step_draws
+from dit_core.train.cli import main, parse_args
+from dit_core.train.config import profiles
+from dit_core.train.ema import ema_decay_at, update_ema
+from dit_core.train.loop import learning_rate
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A tiny DiT and run: a few ms per step on one core.
+TINY = dict(model="DiT-S/2", depth=2, hidden_size=32, num_heads=2, image_size=8, channels=1, flip=False,
+            batch_size=8, num_workers=0, tensorboard=False, progress=False, sample_at_end=False, log_every=1000,
+            lr=1e-3, ema_decay=0.9, diffusion_steps=100, mixed_precision="fp32")
+TINY_ARGS = [a for k, v in TINY.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+
+
+class Blobs(torch.utils.data.Dataset):
+    """A deterministic in-memory dataset: ``n`` random 1x8x8 images in 3 classes; NaN at ``nan_at``."""
+
+    num_classes = 3
+    sample_shape = (1, 8, 8)
+    flip = False
+
+    def __init__(self, n=32, nan_at=()):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 1, 8, 8, generator=g).clamp(-1, 1)
+        self.x[list(nan_at)] = float("nan")
+        self.y = torch.arange(n) % 3
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+def tiny_config(out, **kw):
+    return make_config(None, {**TINY, "out": str(out), **kw})
+
+
+def child_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@pytest.fixture(scope="module")
+def digits_dir(tmp_path_factory):
+    from dit_core.data import export_digits
+
+    return export_digits(tmp_path_factory.mktemp("data") / "digits")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_tutorial_spellings_are_aliases():
+    profile, over = parse_args([
+        "--config", "digits", "--gradient_accumulation_steps", "4", "--use_checkpoint", "--mixed_precision", "fp16",
+        "--data_path", "/data", "--sample_every", "100", "--feature-path", "/lat", "--global-batch-size=64",
+        "--results-dir", "runs/x", "--learning-rate", "3e-4",
+    ])
+    assert profile == "digits"
+    assert over == {"grad_accum": "4", "grad_checkpointing": "true", "mixed_precision": "fp16", "data_path": "/data",
+                    "sample_every": "100", "latents_path": "/lat", "batch_size": "64", "out": "runs/x", "lr": "3e-4"}
+    cfg = make_config(profile, over)
+    assert (cfg.grad_accum, cfg.grad_checkpointing, cfg.mixed_precision, cfg.batch_size, cfg.lr) == (4, True, "fp16", 64, 3e-4)
+    assert cfg.latents_path == "/lat" and cfg.sample_every == 100
+    # hyphens and underscores alike; accelerate's "no" means fp32; --features-path (fast-DiT extraction) too
+    assert make_config(None, {"--data-path": "a"}).data_path == make_config(None, {"data_path": "a"}).data_path == "a"
+    assert make_config(None, {"mixed_precision": "no", "features_path": "z"}).mixed_precision == "fp32"
+    assert make_config(None, {"unconditional": "true"}).class_cond is False
+
+
+@pytest.mark.parametrize("typo, suggestion", [("--learning-rat", "--learning-rate"), ("--batchsize", "--batch-size"),
+                                              ("--max_step", "--max-steps"), ("--ema-decy", "--ema-decay")])
+def test_unknown_key_suggests_the_nearest(typo, suggestion, capsys):
+    with pytest.raises(ConfigError, match=f"unknown config key .*did you mean.*{suggestion}"):
+        parse_args([typo, "1"])
+    assert main([typo, "1"]) == 2
+    assert suggestion in capsys.readouterr().err
+
+
+def test_bad_values_and_replaced_flags_are_explained():
+    with pytest.raises(ConfigError, match="max_steps.*int"):
+        make_config(None, {"max_steps": "many"})
+    with pytest.raises(ConfigError, match="mixed_precision must be one of"):
+        make_config(None, {"mixed_precision": "fp8"})
+    with pytest.raises(ConfigError, match="--max-steps"):
+        make_config(None, {"epochs": "10"})
+    with pytest.raises(ConfigError, match="not divisible by grad_accum"):
+        make_config(None, {"batch_size": 10, "grad_accum": 4})
+    with pytest.raises(ConfigError, match="unknown profile 'digit'.*digits"):
+        make_config("digit")
+
+
+def test_every_profile_loads_and_gpu_profiles_follow_the_paper():
+    names = profiles()
+    assert {"digits", "rtx3060-12gb", "rtx3090-24gb", "a100-40gb", "a100-80gb", "h100-80gb"} <= set(names)
+    for name in names:
+        cfg = make_config(name)
+        if name != "digits":
+            assert cfg.model == "DiT-XL/2" and cfg.batch_size == 256 and cfg.image_size == 256, name
+            assert cfg.lr == 1e-4 and cfg.weight_decay == 0 and cfg.ema_decay == 0.9999, name
+            assert cfg.latents_path is not None and cfg.batch_size % cfg.grad_accum == 0, name
+
+
+def test_wrong_data_path_is_a_clear_error(tmp_path, capsys):
+    code = main(["--data-path", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), *TINY_ARGS])
+    err = capsys.readouterr().err
+    assert code == 2 and "training data not found" in err and "nowhere" in err and "--data-path" in err
+    assert main(["--out", str(tmp_path / "run2"), *TINY_ARGS]) == 2
+    assert "no training data" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_data_order_is_a_permutation_per_epoch_and_slices_partition_the_batch():
+    order = DataOrder(10, seed=3)
+    first, second = order.indices(0, 10), order.indices(10, 10)
+    assert sorted(first) == sorted(second) == list(range(10)) and first != second
+    assert order.indices(7, 6) == first[7:] + second[:3]  # batches run across epoch boundaries
+    slots = [list(range(12))[micro_slice(12, 3, 2, r, a)] for a in range(3) for r in range(2)]
+    assert sorted(sum(slots, [])) == list(range(12)) and all(len(s) == 2 for s in slots)
+    # the same step gives the same numbers; another step others
+    a, b = step_draws(0, 5, 4, (1, 2, 2), 1000, 0.5), step_draws(0, 5, 4, (1, 2, 2), 1000, 0.5)
+    assert torch.equal(a.noise, b.noise) and torch.equal(a.t, b.t) and torch.equal(a.drop, b.drop)
+    assert not torch.equal(a.noise, step_draws(0, 6, 4, (1, 2, 2), 1000, 0.5).noise)
+    # a sampler started at step 2 continues the stream of one started at 0
+    full = list(MicroBatches(order, 0, 4, 1, 1, 0, start_step=0, end_step=4, samples_seen=0))
+    resumed = list(MicroBatches(order, 0, 4, 1, 1, 0, start_step=2, end_step=4, samples_seen=8))
+    assert resumed == full[2:]
+
+
+def test_ema_update_and_warmup():
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in a.parameters()]
+    update_ema(a, b, 0.9)
+    for p, p0, q in zip(a.parameters(), before, b.parameters()):
+        torch.testing.assert_close(p, 0.9 * p0 + 0.1 * q)
+    assert ema_decay_at(0, 0.999, True) == pytest.approx(0.1) and ema_decay_at(10**6, 0.999, True) == 0.999
+    assert ema_decay_at(0, 0.999, False) == 0.999
+
+
+def test_learning_rate_schedule():
+    cfg = make_config(None, {"lr": 1e-3, "warmup_steps": 10, "lr_schedule": "cosine", "min_lr": 1e-4, "max_steps": 110})
+    assert learning_rate(0, cfg) == pytest.approx(1e-4) and learning_rate(9, cfg) == pytest.approx(1e-3)
+    assert learning_rate(60, cfg) == pytest.approx(5.5e-4) and learning_rate(110, cfg) == pytest.approx(1e-4)
+    assert learning_rate(5000, make_config(None, {})) == 1e-4  # the official constant rate
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training in-process
+# ----------------------------------------------------------------------------------------------------------
+
+
+def final_state(out):
+    return torch.load(Path(out) / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+
+
+def test_accumulation_gives_the_update_of_the_large_batch(tmp_path):
+    runs = {}
+    for accum in (1, 2, 4):
+        train(tiny_config(tmp_path / f"a{accum}", grad_accum=accum, max_steps=3, grad_clip=1.0), dataset=Blobs())
+        runs[accum] = final_state(tmp_path / f"a{accum}")
+    for accum in (2, 4):
+        for key in ("model", "ema"):
+            for name, ref in runs[1][key].items():
+                torch.testing.assert_close(runs[accum][key][name], ref, rtol=0, atol=2e-6, msg=f"{key}.{name}")
+    assert runs[1]["step"] == 3 and runs[1]["data"]["samples_seen"] == 24
+    # and the updates are real: the weights moved away from their initialisation
+    fresh = tiny_config(tmp_path / "unused")
+    assert not torch.equal(runs[1]["model"]["final_layer.linear.weight"], torch.zeros_like(runs[1]["model"]["final_layer.linear.weight"]))
+    assert fresh.grad_accum == 1
+
+
+def test_nan_guard_skips_the_bad_step_and_keeps_weights_finite(tmp_path, capsys):
+    # 32 images, batch 8: image 5 lies in exactly one batch of every epoch
+    summary = train(tiny_config(tmp_path / "nan", max_steps=8), dataset=Blobs(nan_at=[5]))
+    out = capsys.readouterr().out
+    assert summary["skipped_steps"] == 2  # two epochs of 4 steps, one bad batch each
+    assert "skipped (loss is nan; the input batch itself holds NaN/Inf values); weights unchanged" in out
+    state = final_state(tmp_path / "nan")
+    for key in ("model", "ema"):
+        assert all(torch.isfinite(v).all() for v in state[key].values())
+    assert all(torch.isfinite(v).all() for s in state["opt"]["state"].values() for v in s.values())
+
+
+def test_nan_guard_stops_with_a_diagnosis_after_repeated_failures(tmp_path):
+    with pytest.raises(TrainingDiverged, match=r"(?s)3 steps in a row.*steps 1, 2, 3.*the data.*--lr"):
+        train(tiny_config(tmp_path / "div", max_steps=20, max_bad_steps=3), dataset=Blobs(nan_at=range(32)))
+
+
+def test_checkpoint_loads_with_load_dit_and_resume_refuses_another_size(tmp_path):
+    out = tmp_path / "run"
+    train(tiny_config(out, max_steps=2), dataset=Blobs())
+    state = final_state(out)
+    ema = load_dit(out / "checkpoints" / "last.pt")
+    assert ema.config()["hidden_size"] == 32 and ema.num_heads == 2 and ema.num_classes == 3
+    for name, value in ema.state_dict().items():
+        assert torch.equal(value, state["ema"][name]), name
+    assert (out / "config.yaml").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1
+    # a fresh run may not overwrite it, a run of another size may not resume it
+    with pytest.raises(ConfigError, match="already holds a run.*--resume true"):
+        train(tiny_config(out, max_steps=4), dataset=Blobs())
+    with pytest.raises(CheckpointError, match=r"hidden_size: checkpoint 32 vs this run 64.*shape mismatches.*\(64"):
+        train(tiny_config(out, max_steps=4, hidden_size=64, resume="true"), dataset=Blobs())
+    # resuming with the same settings continues from step 2
+    summary = train(tiny_config(out, max_steps=4, resume="true"), dataset=Blobs())
+    assert summary["steps"] == 4 and summary["steps_this_run"] == 2
+
+
+def test_fp16_with_gradient_scaler_and_the_debug_mode(tmp_path, digits_dir):
+    summary = train(tiny_config(tmp_path / "fp16", max_steps=3, mixed_precision="fp16"), dataset=Blobs())
+    state = final_state(tmp_path / "fp16")
+    assert summary["precision"] == "fp16" and state["scaler"]["scale"] > 0
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    # --debug: 5 steps of the configured micro-batch on a small subset, whatever the profile asks for
+    cfg = make_config("digits", {"data_path": str(digits_dir), "out": str(tmp_path / "debug"), "debug": "true",
+                                 "depth": 2, "hidden_size": 32, "num_heads": 2, "progress": False,
+                                 "tensorboard": False, "batch_size": 64, "grad_accum": 4})
+    summary = train(cfg)
+    state = final_state(tmp_path / "debug")
+    assert summary["steps"] == 5 and state["data"]["dataset_size"] == 64 and state["config"]["batch_size"] == 16
+    assert Path(summary["samples"]).exists()
+
+
+def test_unconditional_training_and_sample_grid(tmp_path):
+    out = tmp_path / "uncond"
+    summary = train(tiny_config(out, max_steps=2, class_cond=False, sample_at_end=True, sample_steps=5),
+                    dataset=Blobs())
+    model = load_dit(out / "checkpoints" / "last.pt")
+    assert model.num_classes == 0 and model.y_embedder is None
+    assert Path(summary["samples"]).exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The CLI in a subprocess: exact resume after SIGKILL
+# ----------------------------------------------------------------------------------------------------------
+
+
+def run_cli(args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "dit_core.train", *args], env=child_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_resume_after_sigkill_is_bit_exact(tmp_path, digits_dir):
+    common = ["--data-path", str(digits_dir), *TINY_ARGS, "--hidden-size", "64", "--batch-size", "32",
+              "--max-steps", "60", "--ckpt-every", "10", "--mixed-precision", "bf16"]
+    reference = run_cli([*common, "--out", str(tmp_path / "ref")])
+    killed = run_cli([*common, "--out", str(tmp_path / "killed")])
+    last = tmp_path / "killed" / "checkpoints" / "last.pt"
+    deadline = time.time() + 240
+    while not last.exists() and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL, killed.stdout.read()
+    at_kill = torch.load(last, map_location="cpu", weights_only=True)["step"]
+    assert 10 <= at_kill < 60 and not (tmp_path / "killed" / "summary.json").exists()
+
+    resumed = run_cli([*common, "--out", str(tmp_path / "killed"), "--resume", "true"])
+    out_resumed, _ = resumed.communicate(timeout=240)
+    out_ref, _ = reference.communicate(timeout=240)
+    assert resumed.returncode == 0, out_resumed
+    assert reference.returncode == 0, out_ref
+    ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "killed")
+    assert res["step"] == ref["step"] == 60 and res["data"] == ref["data"]
+    for key in ("model", "ema"):
+        for name, value in ref[key].items():
+            assert torch.equal(res[key][name], value), f"{key}.{name} differs after resume"
+    for pid, s in ref["opt"]["state"].items():
+        for name, value in s.items():
+            assert torch.equal(res["opt"]["state"][pid][name], value), f"optimizer {pid}.{name}"
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("last.pt") and summary["steps_this_run"] == 60 - at_kill
