@@ -197,6 +197,35 @@ def test_accumulation_gives_the_update_of_the_large_batch(tmp_path):
     assert fresh.grad_accum == 1
 
 
+class LeftRight(torch.utils.data.Dataset):
+    """Two classes a model can only tell apart through its label: class 0 is dark, class 1 dark on the left
+    and bright on the right."""
+
+    num_classes = 2
+    sample_shape = (1, 8, 8)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        x = torch.full((1, 8, 8), -1.0)
+        x[..., 4:] = 1.0 if i % 2 else -1.0
+        return x, i % 2
+
+
+def test_the_trainer_learns_class_conditioning(tmp_path):
+    from dit_core.diffusion import create_diffusion
+    from dit_core.sample import generate
+
+    train(tiny_config(tmp_path / "lr", hidden_size=64, batch_size=32, max_steps=150, lr=3e-3,
+                      diffusion_steps=1000), dataset=LeftRight())
+    model = load_dit(tmp_path / "lr" / "checkpoints" / "last.pt")
+    labels = torch.tensor([0, 1] * 16)
+    images = generate(model, create_diffusion(""), labels, sampler="ddim", steps=20, cfg_scale=3.0)
+    right_half_bright = (images[:, 0, :, 4:].mean(dim=(1, 2)) > 0).long()
+    assert (right_half_bright == labels).float().mean() >= 0.9
+
+
 def test_nan_guard_skips_the_bad_step_and_keeps_weights_finite(tmp_path, capsys):
     # 32 images, batch 8: image 5 lies in exactly one batch of every epoch
     summary = train(tiny_config(tmp_path / "nan", max_steps=8), dataset=Blobs(nan_at=[5]))
@@ -269,7 +298,7 @@ def run_cli(args, **kw):
 
 def test_resume_after_sigkill_is_bit_exact(tmp_path, digits_dir):
     common = ["--data-path", str(digits_dir), *TINY_ARGS, "--hidden-size", "64", "--batch-size", "32",
-              "--max-steps", "60", "--ckpt-every", "10", "--mixed-precision", "bf16"]
+              "--max-steps", "60", "--ckpt-every", "10", "--mixed-precision", "bf16", "--log-every", "5"]
     reference = run_cli([*common, "--out", str(tmp_path / "ref")])
     killed = run_cli([*common, "--out", str(tmp_path / "killed")])
     last = tmp_path / "killed" / "checkpoints" / "last.pt"
@@ -297,3 +326,6 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, digits_dir):
             assert torch.equal(res["opt"]["state"][pid][name], value), f"optimizer {pid}.{name}"
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["resumed_from"].endswith("last.pt") and summary["steps_this_run"] == 60 - at_kill
+    # the metric records of the interrupted run after its checkpoint were replaced, not duplicated
+    records = lambda run: [(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / run / "metrics.jsonl").open())]
+    assert records("killed") == records("ref") and [s for s, _ in records("ref")] == list(range(5, 61, 5))

@@ -74,8 +74,6 @@ class TrainConfig:
                             "processes)")
     lr: float = _f(1e-4, "AdamW learning rate (peak, after warmup)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
-    label_lr_scale: float = _f(1.0, "learning-rate multiplier of the class-embedding table (short runs: the "
-                                    "table starts at N(0, 0.02) and AdamW moves an entry ~lr per step)")
     adam_betas: list = _f([0.9, 0.999], "AdamW betas")
     lr_schedule: str = _f("constant", "constant (official) or cosine (decay to min_lr at max_steps)")
     warmup_steps: int = _f(0, "linear learning-rate warmup from 0 over this many steps")
@@ -311,6 +309,10 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"batch_size {cfg.batch_size} is not divisible by grad_accum {cfg.grad_accum}")
     if cfg.max_steps < 0:
         problems.append("max_steps must be >= 0")
+    if cfg.log_every < 1 or cfg.ckpt_every < 1:
+        problems.append(f"log_every ({cfg.log_every}) and ckpt_every ({cfg.ckpt_every}) must be >= 1")
+    if cfg.sample_every < 0 or cfg.keep_every < 0 or cfg.subset < 0:
+        problems.append("sample_every, keep_every and subset must be >= 0 (0 switches them off)")
     if cfg.lr_schedule not in ("constant", "cosine"):
         problems.append(f"lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
     if not 0.0 <= cfg.ema_decay < 1.0:

@@ -38,12 +38,13 @@ class Monitor:
         self.bar = self.jsonl = self.tb = None
         if not enabled:
             return
-        self.jsonl = open(Path(out) / "metrics.jsonl", "a", buffering=1)
+        self.jsonl = _open_records(Path(out) / "metrics.jsonl", start_step)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(Path(out) / "tb"))
+                # purge_step: a resumed run replaces what the interrupted one logged after its checkpoint
+                self.tb = SummaryWriter(str(Path(out) / "tb"), purge_step=start_step or None)
             except ImportError:
                 print("tensorboard is not installed: metrics go to metrics.jsonl only", file=sys.stderr)
         if progress:
@@ -121,6 +122,21 @@ class Monitor:
             self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def _open_records(path: Path, start_step: int):
+    """``metrics.jsonl`` for appending, holding only the records of steps up to ``start_step``: a fresh run
+    starts it empty, a resumed one drops what the interrupted run logged after its last checkpoint."""
+    kept = []
+    if start_step and path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= start_step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
+    path.write_text("".join(line + "\n" for line in kept))
+    return open(path, "a", buffering=1)
 
 
 class _Pause:
