@@ -83,8 +83,8 @@ class TrainConfig:
     ema_decay: float = _f(0.9999, "decay of the exponential moving average of the weights")
     ema_warmup: bool = _f(False, "ramp the EMA decay as min(decay, (1+n)/(10+n)) for short runs")
     ema_device: str = _f("same", "where the EMA weights live: same (as the model) or cpu (saves GPU memory)")
-    mixed_precision: str = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 where it is "
-                                      "supported and fast, else fp32")
+    mixed_precision: str = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 on GPUs that "
+                                      "have it and on CPUs with AMX/AVX512-BF16, fp16 on older GPUs, else fp32")
     tf32: bool = _f(True, "allow TF32 matmuls on Ampere and newer GPUs")
     compile: bool = _f(False, "torch.compile the model")
     seed: int = _f(0, "global seed: data order, noise, timesteps and label dropout all derive from it")
@@ -104,13 +104,13 @@ class TrainConfig:
     sample_classes: list | None = _f(None, "classes shown in the sample grids (default: up to 10)")
     sample_per_class: int = _f(4, "samples per class in the grids")
     sample_steps: int = _f(50, "sampler steps for the grids")
-    sample_sampler: str = _f("ddim", "sampler for the grids: ddim or ddpm")
+    sample_sampler: str = _f("ddim", "sampler for the grids: ddim, ddpm or dpm-solver++")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
     tensorboard: bool = _f(True, "write TensorBoard logs to <out>/tb")
     progress: bool = _f(True, "show a tqdm progress bar")
-    debug: bool = _f(False, "a few steps on a small subset with a tiny batch, to check a setup")
+    debug: bool = _f(False, "5 steps of the configured micro-batch on a small subset, to check a setup")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -321,8 +321,8 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"ema_device must be 'same' or 'cpu', got {cfg.ema_device!r}")
     if cfg.channels not in (1, 3):
         problems.append(f"channels must be 1 (grayscale) or 3 (RGB), got {cfg.channels}")
-    if cfg.sample_sampler not in ("ddim", "ddpm"):
-        problems.append(f"sample_sampler must be 'ddim' or 'ddpm', got {cfg.sample_sampler!r}")
+    if cfg.sample_sampler not in ("ddim", "ddpm", "dpm-solver++"):
+        problems.append(f"sample_sampler must be 'ddim', 'ddpm' or 'dpm-solver++', got {cfg.sample_sampler!r}")
     if cfg.preload not in ("auto", "true", "false"):
         problems.append(f"preload must be auto, true or false, got {cfg.preload!r}")
     if cfg.fused_adam not in ("auto", "true", "false"):

@@ -251,12 +251,13 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     torch.manual_seed(cfg.seed + procs.rank)  # torch's global generator, per process (the loop draws from its own)
 
     # -- resume -------------------------------------------------------------------------------------------
-    step, samples_seen, ema_updates = 0, 0, 0
+    step, samples_seen, ema_updates, loss_value = 0, 0, 0, float("nan")
     ckpt_path = resume_path(cfg, out)
     if ckpt_path is not None:
         info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=scaler, dataset_size=len(dataset),
                                seed=cfg.seed, restore_rng=procs.is_main)
         step, samples_seen, ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
+        loss_value = float(info["metrics"].get("loss", loss_value))
     run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
                   "num_classes": num_classes, "classes": [str(c) for c in classes],
                   "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels"}
@@ -293,7 +294,8 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     guard = NanGuard(cfg.max_bad_steps, cfg.lr, precision, cfg.grad_clip)
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
-    start_step, last_grid, loss_value = step, None, float("nan")
+    grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
+    start_step, last_grid = step, (grids[-1] if grids else None)
     t_loop = time.perf_counter()
     try:
         while step < cfg.max_steps:
