@@ -36,7 +36,7 @@ from .config import ConfigError, TrainConfig, save_yaml, to_dict
 from .ema import create_ema, ema_decay_at, update_ema
 from .guard import NanGuard, TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
-from .state import load_checkpoint, save_checkpoint, unwrap
+from .state import load_checkpoint, save_checkpoint
 
 # ----------------------------------------------------------------------------------------------------------
 # Decisions, one at a time
