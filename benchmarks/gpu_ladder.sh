@@ -49,7 +49,61 @@ start = time.time()
 tiny = dict(depth=2, hidden_size=64, num_heads=4, patch_size=2, input_size=4, in_channels=4, num_classes=1000)
 model_spec = dict(model="tiny", image_size=32, shape=tiny) if dry else dict(model="DiT-XL/2", image_size=256)
 
-results = []
+def save(results, extra, final=False):
+    table = bench.format_summary(results, extra)
+    for a in results[0].get("activation_check", []):
+        if "error" in a:
+            table += (f"\nplanner vs bytes autograd saved ({a['precision']}, {a['attention']}, {a['checkpointed']} blocks "
+                      f"checkpointed): {a['predicted'] / 2**20:.1f} vs {a['measured'] / 2**20:.1f} MiB/image, {a['error']:+.2%}")
+    opt_lines = [f"  {o['what']:<44}" + (f"{o['ms']:>9.1f} ms" if "ms" in o else o.get("status", ""))
+                 for o in results[0].get("optimizers", [])]
+    table += "\noptimizer step and EMA update (the low-memory options' speed costs):\n" + "\n".join(opt_lines)
+    table += f"\n(total wall time {time.time() - start:.0f} s)"
+    if final:
+        print(table)
+    os.makedirs(out_dir, exist_ok=True)
+    data = dict(gpu=gpu, gpu_memory_gib=total_gib, results=results, planner_choice=extra, table=table)
+    json_path = os.path.join(out_dir, f"{slug}-dit-xl2.json")
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    with open(os.path.join(out_dir, f"{slug}-dit-xl2.md"), "w") as f:
+        f.write(f"# DiT-XL/2 ladder on {gpu}\n\nMeasured by `benchmarks/gpu_ladder.sh` on {time.strftime('%Y-%m-%d')}.\n\n"
+                f"```\n{table}\n```\n")
+    if final:
+        print(f"wrote {json_path} and the .md beside it")
+
+
+# The planner's own choice at the official global batch 256, measured: for this card, and for smaller cards
+# simulated by capping the CUDA allocator (PLAN_CARDS, GiB), each with the same plan as `dit-plan` prints.
+def planner_rows(results, extra):
+    shape = bench.model_shape(bench.resolve_spec(bench.BenchSpec(**model_spec)))
+    cards = [total_gib] + ([] if dry else [float(c) for c in os.environ.get("PLAN_CARDS", "24 40 80").split() if float(c) < total_gib])
+    for card in cards:
+        choice = memory.plan(shape, card, global_batch=256, precision="bf16" if bf16 else "fp16")
+        print(f"== planner for a {card:.0f} GiB card", file=sys.stderr)
+        print("\n".join(choice.explanation), file=sys.stderr, flush=True)
+        if not choice.fits:
+            continue
+        s = choice.setup
+        rung = bench.Rung("planned", f"planner, {card:.0f} GiB: {s.micro_batch} x {s.grad_accum}, "
+                          f"ckpt {s.checkpointed}/{shape.depth}", checkpointing=s.checkpointed, amp=True, latents=True,
+                          fused_attention=True, tf32=True)
+        # two micro-batches per step: gradients of the first are alive during the second, as in training
+        spec = bench.BenchSpec(**model_spec, batch_size=min(s.micro_batch, 8) if dry else s.micro_batch,
+                               grad_accum=min(2, s.grad_accum), steps=steps, device=device,
+                               memory_limit_gib=None if card == total_gib else card)
+        row = bench.measure_rung_isolated(spec, rung, timeout)
+        if row.get("status") == "ok":
+            row["achieved_tflops"] = row["images_per_s"] * results[0]["model"]["train_gflop_per_image"] / 1e3
+            peak = results[0]["environment"].get("peak_bf16_tflops")
+            row["mfu"] = row["achieved_tflops"] / peak if peak else None
+        row["plan"] = choice.as_dict()
+        row["card_gib"] = card
+        extra.append(row)
+        save(results, extra)
+
+
+results, extra = [], []
 for i, batch in enumerate(batches):
     spec = bench.BenchSpec(**model_spec, batch_size=batch, steps=steps, warmup=1, device=device,
                            vae=os.environ.get("VAE", "stabilityai/sd-vae-ft-ema"), sampler="ddpm",
@@ -59,45 +113,9 @@ for i, batch in enumerate(batches):
     print(f"== DiT-XL/2, batch {batch}: {', '.join(rungs)}", file=sys.stderr, flush=True)
     results.append(bench.run_benchmark(spec, rungs, isolate=True, sampling=(i == 0), optimizers=(i == 0),
                                        activations=(i == 0), timeout=timeout))
+    if i == 0:  # the planner's choices right after the first batch, so that a run cut short has them
+        planner_rows(results, extra)
+    save(results, extra)  # after each batch, so that a run cut short keeps what it measured
 
-# The planner's own choice for this card at the official global batch 256, measured.
-shape = bench.model_shape(bench.resolve_spec(bench.BenchSpec(**model_spec)))
-choice = memory.plan(shape, total_gib, global_batch=256, precision="bf16" if bf16 else "fp16")
-extra = []
-print("\n".join(choice.explanation), file=sys.stderr)
-if choice.fits:
-    s = choice.setup
-    rung = bench.Rung("planned", f"planner: micro-batch {s.micro_batch} x {s.grad_accum}, "
-                      f"ckpt {s.checkpointed}/{shape.depth}", checkpointing=s.checkpointed, amp=True, latents=True,
-                      fused_attention=True, tf32=True)
-    # two micro-batches per step: gradients of the first are alive during the second, as in training
-    spec = bench.BenchSpec(**model_spec, batch_size=min(s.micro_batch, 8) if dry else s.micro_batch,
-                           grad_accum=min(2, s.grad_accum), steps=steps, device=device)
-    row = bench.measure_rung_isolated(spec, rung, timeout)
-    if row.get("status") == "ok":
-        row["achieved_tflops"] = row["images_per_s"] * results[0]["model"]["train_gflop_per_image"] / 1e3
-        peak = results[0]["environment"].get("peak_bf16_tflops")
-        row["mfu"] = row["achieved_tflops"] / peak if peak else None
-    row["plan"] = choice.as_dict()
-    extra.append(row)
-
-table = bench.format_summary(results, extra)
-for a in results[0].get("activation_check", []):
-    if "error" in a:
-        table += (f"\nplanner vs bytes autograd saved ({a['precision']}, {a['attention']}, {a['checkpointed']} blocks "
-                  f"checkpointed): {a['predicted'] / 2**20:.1f} vs {a['measured'] / 2**20:.1f} MiB/image, {a['error']:+.2%}")
-opt_lines = [f"  {o['what']:<44}" + (f"{o['ms']:>9.1f} ms" if "ms" in o else o.get("status", ""))
-             for o in results[0].get("optimizers", [])]
-table += "\noptimizer step and EMA update (the low-memory options' speed costs):\n" + "\n".join(opt_lines)
-table += f"\n(total wall time {time.time() - start:.0f} s)"
-print(table)
-os.makedirs(out_dir, exist_ok=True)
-data = dict(gpu=gpu, gpu_memory_gib=total_gib, results=results, planner_choice=extra, table=table)
-json_path = os.path.join(out_dir, f"{slug}-dit-xl2.json")
-with open(json_path, "w") as f:
-    json.dump(data, f, indent=1, default=str)
-with open(os.path.join(out_dir, f"{slug}-dit-xl2.md"), "w") as f:
-    f.write(f"# DiT-XL/2 ladder on {gpu}\n\nMeasured by `benchmarks/gpu_ladder.sh` on {time.strftime('%Y-%m-%d')}.\n\n"
-            f"```\n{table}\n```\n")
-print(f"wrote {json_path} and the .md beside it")
+save(results, extra, final=True)
 PY

@@ -164,6 +164,7 @@ class BenchSpec:
     cfg_scale: float = 4.0
     sample_batch: int = 2
     sample_decode: bool = True
+    memory_limit_gib: float | None = None  # CUDA: cap the allocator at this much, as on a smaller card
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -502,6 +503,10 @@ def measure_rung(spec: BenchSpec, rung: "str | Rung") -> dict:
         row["checkpointed_blocks"] = int(rung.checkpointing)
     rss0 = rss_bytes()
     step = None
+    if spec.memory_limit_gib and device.type == "cuda":  # a smaller card, simulated on a larger one
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_limit_gib * memory.GIB / total), device)
+        row["memory_limit_gib"] = spec.memory_limit_gib
     try:
         vae, vae_source = (None, None)
         if not spec.pixel and not rung.latents:
