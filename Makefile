@@ -36,6 +36,10 @@ TORCH_WHEELS ?= /opt/wheels
 EXTRAS ?= test,book
 # Threads for the test suite (2-core machines slow down badly when torch oversubscribes them).
 TEST_THREADS ?= 2
+# Idle OpenMP threads sleep instead of spinning: on a 2-core machine that something else also uses, spinning
+# threads made a chapter 6x slower (925 s vs 146 s for chapter 05); on an idle one sleeping costs ~5%.
+OMP_WAIT_POLICY ?= PASSIVE
+export OMP_WAIT_POLICY
 PYTEST_ARGS ?=
 # Extra arguments for `jupyter-book build`, e.g. BOOK_ARGS="--toc /tmp/partial_toc.yml".
 BOOK_ARGS ?=

@@ -345,6 +345,14 @@ class DiT(nn.Module):
                 f"this DiT takes {self.input_size}x{self.input_size} inputs (latents of "
                 f"{self.input_size * 8}px images with the SD VAE), got {tuple(x.shape[-2:])}"
             )
+        where = self.pos_embed.device
+        for name, value in (("x", x), ("t", t), ("y", y)):
+            if value is not None and value.device != where:
+                raise RuntimeError(
+                    f"device mismatch: {name} is on {value.device} but the model's weights are on {where}; move the "
+                    f"inputs with .to({str(where)!r}) or the model with model.to({str(value.device)!r}) "
+                    "(dit_core.sample.generate(..., device=...) places both)"
+                )
         x = self.x_embedder(x) + self.pos_embed
         c = self.t_embedder(t)
         if self.y_embedder is not None:

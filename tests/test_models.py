@@ -213,6 +213,15 @@ def test_attention_backends_agree(backend):
         torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-4, atol=1e-6)
 
 
+def test_inputs_on_another_device_are_a_clear_error():
+    model = tiny()
+    x, t, y = inputs()
+    with pytest.raises(RuntimeError, match=r"device mismatch: t is on meta but the model's weights are on cpu.*\.to\('cpu'\)"):
+        model(x, t.to("meta"), y)
+    with pytest.raises(RuntimeError, match=r"x is on meta.*model.to\('meta'\)"):
+        model(x.to("meta"), t, y)
+
+
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown attention backend 'flash3'"):
         tiny(attn_backend="flash3")

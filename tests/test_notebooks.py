@@ -35,7 +35,7 @@ COMMON_PARAMS = {"SMOKE": True}
 SMOKE_PARAMS: dict[str, dict] = {}
 # Wall-clock budget of one smoke run (kernel start included), per notebook stem; default below.
 TIME_BUDGET_S: dict[str, float] = {}
-DEFAULT_BUDGET_S = 180.0
+DEFAULT_BUDGET_S = 300.0  # a guard against SMOKE settings that grew, not a speed test: ~2 min is usual on 2 cores
 CELL_TIMEOUT_S = 600
 
 BOOK_DIR = Path(__file__).resolve().parents[1] / "book"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from dit_core import load_dit
 from dit_core.checkpoint import CheckpointError
@@ -131,6 +132,18 @@ def test_wrong_data_path_is_a_clear_error(tmp_path, capsys):
     assert code == 2 and "training data not found" in err and "nowhere" in err and "--data-path" in err
     assert main(["--out", str(tmp_path / "run2"), *TINY_ARGS]) == 2
     assert "no training data" in capsys.readouterr().err
+
+
+def test_a_run_folders_config_yaml_resumes_that_run(tmp_path, digits_dir):
+    """`dit-train --config RUN/config.yaml --resume true`: the facts the run recorded are not settings."""
+    out = tmp_path / "run"
+    assert main(["--data-path", str(digits_dir), "--out", str(out), *TINY_ARGS, "--max-steps", "3"]) == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["run"]["world_size"] == 1 and saved["run"]["num_classes"] == 10 and saved["max_steps"] == 3
+    assert main(["--config", str(out / "config.yaml"), "--resume", "true", "--max-steps", "5"]) == 0
+    assert final_state(out)["step"] == 5
+    # paths may be pathlib objects in Python
+    assert make_config("digits", {"out": out, "data_path": digits_dir}).out == str(out)
 
 
 # ----------------------------------------------------------------------------------------------------------

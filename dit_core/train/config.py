@@ -236,8 +236,8 @@ def coerce(name: str, value):
             return [_scalar(v) for v in value]
         if text is not None:
             return [_scalar(v) for v in text.strip("[]").replace(",", " ").split()]
-    if str in allowed and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value)
+    if str in allowed and isinstance(value, (str, int, float, os.PathLike)) and not isinstance(value, bool):
+        return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
     kinds = " or ".join(sorted({t.__name__ if t is not type(None) else "none" for t in allowed}))
     raise ConfigError(f"config key {name!r} takes {kinds}, got {value!r}")
 
@@ -280,6 +280,11 @@ def read_profile(name_or_path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config keys to values, got {type(data).__name__}")
     data.pop("profile", None)
+    # A run's config.yaml also records what the run found (precision chosen, processes, classes) under
+    # ``run:``; those are facts, not settings, so a run folder's config.yaml can be passed back to --config.
+    data.pop("run", None)
+    for key in RUN_FACTS:  # the same facts at the top level, as config.yaml files of older runs hold them
+        data.pop(key, None)
     return data
 
 
@@ -339,11 +344,18 @@ def to_dict(cfg: TrainConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
+#: What a run records beside its settings (in ``config.yaml`` under ``run:``); never read back as settings.
+RUN_FACTS = ("world_size", "num_classes", "classes", "sample_shape", "data_kind")
+
+
 def save_yaml(cfg: TrainConfig, path: str | os.PathLike, extra: dict | None = None) -> Path:
+    """Write the settings (and, under ``run:``, the facts in ``extra``) atomically; ``--config`` reads it back."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**to_dict(cfg), **(extra or {})}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    data = {**to_dict(cfg), **({"run": dict(extra)} if extra else {})}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    os.replace(tmp, path)
     return path
 
 
