@@ -504,8 +504,9 @@ def measure_rung(spec: BenchSpec, rung: "str | Rung") -> dict:
     rss0 = rss_bytes()
     step = None
     if spec.memory_limit_gib and device.type == "cuda":  # a smaller card, simulated on a larger one
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_limit_gib * memory.GIB / total), device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_limit_gib * memory.GIB / total), index)
         row["memory_limit_gib"] = spec.memory_limit_gib
     try:
         vae, vae_source = (None, None)

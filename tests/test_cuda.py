@@ -48,7 +48,9 @@ def test_forward_on_the_gpu_matches_the_float64_reference():
     with torch.no_grad():
         out32 = model.to(CUDA)(x.to(CUDA), t.to(CUDA), y.to(CUDA)).cpu()
         out64 = model.double()(x.double().to(CUDA), t.to(CUDA), y.to(CUDA)).cpu()
-    torch.testing.assert_close(out64, ref, rtol=1e-10, atol=1e-10)
+    # The timestep features are fp32 in float64 models too (as in the published model), and the GPU's fp32
+    # sin/cos differ from the CPU's in the last bits: ~4e-7 on an H200, against 1e-10 on the CPU.
+    torch.testing.assert_close(out64, ref, rtol=1e-5, atol=2e-6)
     torch.testing.assert_close(out32.double(), ref, rtol=1e-4, atol=1e-5)
 
 

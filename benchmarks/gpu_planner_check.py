@@ -1,0 +1,78 @@
+"""The memory planner's choice for smaller cards, checked on one large GPU by capping the CUDA allocator.
+
+For each card size (GiB) the planner picks micro-batch, accumulation and checkpointing for DiT-XL/2 at the
+official global batch 256 (as ``dit-plan`` prints); the step is then measured in a fresh process whose
+allocator is capped at that size (``torch.cuda.set_per_process_memory_fraction``): it must run, and its
+``max_memory_allocated`` is compared with the prediction. The fp32 baseline with the VAE in the loop is also
+run under the smallest cap, to show whether cuDNN's convolution workspace (which grows with free memory on a
+large card) is needed or only taken.
+
+    python benchmarks/gpu_planner_check.py --cards 24 40 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dit_core import bench, memory  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cards", nargs="+", type=float, default=[24, 40, 80])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--baseline-batch", type=int, default=32, help="0: skip the capped fp32 baseline")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--model", default="DiT-XL/2")
+    ap.add_argument("--image-size", type=int, default=256)
+    ap.add_argument("--device", default="cuda", help="cpu only checks this script (no cap applies there)")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_planner_check.py needs a CUDA GPU; on a CPU, `dit-plan` prints the same plans")
+    base = dict(model=args.model, image_size=args.image_size, device=args.device, steps=args.steps)
+    shape = bench.model_shape(bench.resolve_spec(bench.BenchSpec(**base)))
+    gflop = bench.train_gflop_per_image(shape)
+    rows = []
+    for card in args.cards:
+        choice = memory.plan(shape, card, global_batch=256, precision="bf16")
+        if not choice.fits:
+            rows.append(dict(label=f"planner, {card:g} GiB", status="no setting fits (see dit-plan)", card_gib=card))
+            continue
+        s = choice.setup
+        rung = bench.Rung("planned", f"planner, {card:g} GiB: {s.micro_batch} x {s.grad_accum}, ckpt "
+                          f"{s.checkpointed}/{shape.depth}", checkpointing=s.checkpointed, amp=True, latents=True,
+                          fused_attention=True, tf32=True)
+        # two micro-batches per step: gradients of the first are alive during the second, as in training
+        spec = bench.BenchSpec(**base, batch_size=s.micro_batch, grad_accum=min(2, s.grad_accum),
+                               memory_limit_gib=card)
+        rows.append(dict(bench.measure_rung_isolated(spec, rung, args.timeout), card_gib=card, plan=choice.as_dict()))
+    if args.baseline_batch:
+        card = min(args.cards)
+        spec = bench.BenchSpec(**base, batch_size=args.baseline_batch, memory_limit_gib=card)
+        row = bench.measure_rung_isolated(spec, "baseline", args.timeout)
+        row["label"] = f"fp32 baseline + VAE, {card:g} GiB cap"
+        rows.append(dict(row, card_gib=card))
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
+    print(f"\n{args.model}, global batch 256, on {where} with the allocator capped:")
+    print(f"{'':<44}{'img/s':>8}{'MFU':>7}{'peak':>9}{'planned':>9}{'error':>8}  status")
+    peak_tflops = bench.environment(torch.device(args.device)).get("peak_bf16_tflops")
+    for r in rows:
+        ok = r.get("status") == "ok"
+        mfu = r["images_per_s"] * gflop / 1e3 / peak_tflops if ok and peak_tflops else None
+        print(f"{r['label']:<44}" + (f"{r['images_per_s']:>8.1f}{(mfu or 0):>7.1%}{r['peak_bytes'] / memory.GIB:>8.2f}G"
+                                     f"{r['planned_peak_bytes'] / memory.GIB:>8.2f}G{r.get('plan_error', 0):>+8.1%}  ok"
+                                     if ok else f"  {r.get('status')}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
