@@ -61,17 +61,20 @@ def main() -> None:
         row["label"] = f"fp32 baseline + VAE, {card:g} GiB cap"
         rows.append(dict(row, card_gib=card))
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
-    print(f"\n{args.model}, global batch 256, on {where} with the allocator capped:")
-    print(f"{'':<44}{'img/s':>8}{'MFU':>7}{'peak':>9}{'planned':>9}{'error':>8}  status")
+    lines = [f"{args.model}, global batch 256, on {where} with the allocator capped:",
+             f"{'':<44}{'img/s':>8}{'MFU':>7}{'peak':>9}{'planned':>9}{'error':>8}  status"]
     peak_tflops = bench.environment(torch.device(args.device)).get("peak_bf16_tflops")
     for r in rows:
         ok = r.get("status") == "ok"
         mfu = r["images_per_s"] * gflop / 1e3 / peak_tflops if ok and peak_tflops else None
-        print(f"{r['label']:<44}" + (f"{r['images_per_s']:>8.1f}{(mfu or 0):>7.1%}{r['peak_bytes'] / memory.GIB:>8.2f}G"
-                                     f"{r['planned_peak_bytes'] / memory.GIB:>8.2f}G{r.get('plan_error', 0):>+8.1%}  ok"
-                                     if ok else f"  {r.get('status')}"))
+        lines.append(f"{r['label']:<44}" + (
+            f"{r['images_per_s']:>8.1f}{(mfu or 0):>7.1%}{r['peak_bytes'] / memory.GIB:>8.2f}G"
+            f"{r['planned_peak_bytes'] / memory.GIB:>8.2f}G{r.get('plan_error', 0):>+8.1%}  ok" if ok
+            else f"  {r.get('status')}"))
+    table = "\n".join(lines)
+    print("\n" + table)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+        Path(args.json).write_text(json.dumps(dict(gpu=where, rows=rows, table=table), indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -117,12 +117,14 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name(0)
-    print(f"\nDiT-XL/2 profiles of dit-train, {args.steps} steps each on {gpu} (allocator capped at the card size):")
-    print(f"{'profile':<16}{'cap GiB':>9}{'img/s run':>11}{'img/s last 10':>15}{'peak GiB':>10}  status")
+    lines = [f"DiT-XL/2 profiles of dit-train, {args.steps} steps each on {gpu} (allocator capped at the card size):",
+             f"{'profile':<16}{'cap GiB':>9}{'img/s run':>11}{'img/s last 10':>15}{'peak GiB':>10}  status"]
     for r in rows:
-        print(f"{r['profile']:<16}{(r['limit_gib'] or 0):>9.1f}{r.get('images_per_s', 0):>11.1f}"
-              f"{r.get('steady_images_per_s') or 0:>15.1f}{r.get('peak_memory_gb', 0):>10.2f}  {r['status']}")
-    (root / "profiles.json").write_text(json.dumps(dict(gpu=gpu, steps=args.steps, rows=rows), indent=1))
+        lines.append(f"{r['profile']:<16}{(r['limit_gib'] or 0):>9.1f}{r.get('images_per_s', 0):>11.1f}"
+                     f"{r.get('steady_images_per_s') or 0:>15.1f}{r.get('peak_memory_gb', 0):>10.2f}  {r['status']}")
+    table = "\n".join(lines)
+    print("\n" + table)
+    (root / "profiles.json").write_text(json.dumps(dict(gpu=gpu, steps=args.steps, rows=rows, table=table), indent=1))
 
 
 if __name__ == "__main__":
