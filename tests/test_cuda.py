@@ -10,10 +10,8 @@ memory planner against ``torch.cuda.max_memory_allocated``.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from dit_core.sample import generate
 
 from reference_dit import reference_forward
 from test_models import inputs, randomize, tiny
-from test_train import REPO, TINY_ARGS, child_env, final_state
+from test_train import REPO, TINY_ARGS, child_env, final_state, kill_after_first_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
@@ -149,14 +147,7 @@ def test_trainer_on_the_gpu_learns_and_resumes_after_sigkill(tmp_path):
     reference = run("ref")
     out_ref, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, out_ref
-    killed = run("killed")
-    last = tmp_path / "killed" / "checkpoints" / "last.pt"
-    deadline = time.time() + 240
-    while not last.exists() and killed.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    at_kill = torch.load(last, map_location="cpu", weights_only=True)["step"]
+    at_kill = kill_after_first_checkpoint(run("killed"), tmp_path / "killed" / "checkpoints" / "last.pt")
     resumed = run("killed", "--resume", "true")
     out_res, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out_res

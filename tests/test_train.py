@@ -309,19 +309,24 @@ def run_cli(args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def kill_after_first_checkpoint(proc, last, timeout=240) -> int:
+    """SIGKILL a training process as soon as its first checkpoint exists; return the checkpoint's step."""
+    deadline = time.time() + timeout
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
+    return torch.load(last, map_location="cpu", weights_only=True)["step"]
+
+
 def test_resume_after_sigkill_is_bit_exact(tmp_path, digits_dir):
     common = ["--data-path", str(digits_dir), *TINY_ARGS, "--hidden-size", "64", "--batch-size", "32",
               "--max-steps", "60", "--ckpt-every", "10", "--mixed-precision", "bf16", "--log-every", "5"]
     reference = run_cli([*common, "--out", str(tmp_path / "ref")])
     killed = run_cli([*common, "--out", str(tmp_path / "killed")])
     last = tmp_path / "killed" / "checkpoints" / "last.pt"
-    deadline = time.time() + 240
-    while not last.exists() and killed.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert killed.returncode == -signal.SIGKILL, killed.stdout.read()
-    at_kill = torch.load(last, map_location="cpu", weights_only=True)["step"]
+    at_kill = kill_after_first_checkpoint(killed, last)
     assert 10 <= at_kill < 60 and not (tmp_path / "killed" / "summary.json").exists()
 
     resumed = run_cli([*common, "--out", str(tmp_path / "killed"), "--resume", "true"])
