@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from . import memory
+from .atomic import atomic_write_text
 from .memory import ModelShape
 
 #: The architecture of Stable Diffusion's VAE (``stabilityai/sd-vae-ft-ema``), as diffusers' AutoencoderKL
@@ -996,12 +997,7 @@ def format_summary(results: list[dict], extra_rows: list[dict] = ()) -> str:
 
 
 def save_result(result: dict, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, json.dumps(result, indent=1, default=str))
 
 
 def _child(payload: str) -> int:

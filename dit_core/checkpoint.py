@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write
 from .models import SIZES, DiT
 
 _PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel and torch.compile wrappers
@@ -42,20 +42,7 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
 
     A crash or a kill at any moment leaves either the old file or the new one, never half of one.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .atomic import atomic_write, atomic_write_text
 from .data.images import ImageFolderDataset
 
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
@@ -261,23 +262,11 @@ def dataset_fingerprint(images: ImageFolderDataset) -> str:
 
 
 def _write_json(path: Path, obj) -> None:
-    """Write JSON atomically: a temporary file in the same folder, fsync, then rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.save(f, arr))
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 16 << 20) -> str:

@@ -172,3 +172,17 @@ def test_loaded_checkpoint_gives_reference_losses_and_samples(tmp_path):
                 outs.append(getattr(sampler, loop)(fn, noise.shape, noise=noise, model_kwargs=dict(y=y),
                                                    clip_denoised=False))
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from dit_core.atomic import atomic_write, atomic_write_text
+
+    path = atomic_write_text(tmp_path / "run" / "config.yaml", "old\n")
+
+    def broken(f):
+        f.write(b"half of the new")
+        raise KeyboardInterrupt  # a kill in the middle of writing
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, broken)
+    assert path.read_text() == "old\n" and sorted(p.name for p in path.parent.iterdir()) == ["config.yaml"]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from ..atomic import atomic_write_text
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
@@ -350,13 +352,8 @@ RUN_FACTS = ("world_size", "num_classes", "classes", "sample_shape", "data_kind"
 
 def save_yaml(cfg: TrainConfig, path: str | os.PathLike, extra: dict | None = None) -> Path:
     """Write the settings (and, under ``run:``, the facts in ``extra``) atomically; ``--config`` reads it back."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {**to_dict(cfg), **({"run": dict(extra)} if extra else {})}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def help_text() -> str:
