@@ -76,31 +76,16 @@ def save(results, extra, final=False):
 # The planner's own choice at the official global batch 256, measured: for this card, and for smaller cards
 # simulated by capping the CUDA allocator (PLAN_CARDS, GiB), each with the same plan as `dit-plan` prints.
 def planner_rows(results, extra):
-    shape = bench.model_shape(bench.resolve_spec(bench.BenchSpec(**model_spec)))
     cards = [total_gib] + ([] if dry else [float(c) for c in os.environ.get("PLAN_CARDS", "24 40 80").split() if float(c) < total_gib])
     for card in cards:
-        choice = memory.plan(shape, card, global_batch=256, precision="bf16" if bf16 else "fp16")
-        print(f"== planner for a {card:.0f} GiB card", file=sys.stderr)
-        print("\n".join(choice.explanation), file=sys.stderr, flush=True)
-        if not choice.fits:
-            continue
-        s = choice.setup
-        rung = bench.Rung("planned", f"planner, {card:.0f} GiB: {s.micro_batch} x {s.grad_accum}, "
-                          f"ckpt {s.checkpointed}/{shape.depth}", checkpointing=s.checkpointed, amp=True, latents=True,
-                          fused_attention=True, tf32=True)
-        # two micro-batches per step: gradients of the first are alive during the second, as in training
-        spec = bench.BenchSpec(**model_spec, batch_size=min(s.micro_batch, 8) if dry else s.micro_batch,
-                               grad_accum=min(2, s.grad_accum), steps=steps, device=device,
-                               memory_limit_gib=None if card == total_gib else card)
-        row = bench.measure_rung_isolated(spec, rung, timeout)
-        if row.get("status") == "ok":
-            row["achieved_tflops"] = row["images_per_s"] * results[0]["model"]["train_gflop_per_image"] / 1e3
-            peak = results[0]["environment"].get("peak_bf16_tflops")
-            row["mfu"] = row["achieved_tflops"] / peak if peak else None
-        row["plan"] = choice.as_dict()
-        row["card_gib"] = card
-        extra.append(row)
-        save(results, extra)
+        print(f"== planner for a {card:.0f} GiB card", file=sys.stderr, flush=True)
+        row = bench.measure_planned(bench.BenchSpec(**model_spec, steps=steps, device=device), card,
+                                    precision="bf16" if bf16 else "fp16", cap=card != total_gib,
+                                    max_micro_batch=8 if dry else None, timeout=timeout)
+        print("\n".join(row["plan"]["explanation"]), file=sys.stderr, flush=True)
+        if row["plan"]["fits"]:
+            extra.append(row)
+            save(results, extra)
 
 
 results, extra = [], []

@@ -38,22 +38,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_planner_check.py needs a CUDA GPU; on a CPU, `dit-plan` prints the same plans")
     base = dict(model=args.model, image_size=args.image_size, device=args.device, steps=args.steps)
-    shape = bench.model_shape(bench.resolve_spec(bench.BenchSpec(**base)))
-    gflop = bench.train_gflop_per_image(shape)
-    rows = []
-    for card in args.cards:
-        choice = memory.plan(shape, card, global_batch=256, precision="bf16")
-        if not choice.fits:
-            rows.append(dict(label=f"planner, {card:g} GiB", status="no setting fits (see dit-plan)", card_gib=card))
-            continue
-        s = choice.setup
-        rung = bench.Rung("planned", f"planner, {card:g} GiB: {s.micro_batch} x {s.grad_accum}, ckpt "
-                          f"{s.checkpointed}/{shape.depth}", checkpointing=s.checkpointed, amp=True, latents=True,
-                          fused_attention=True, tf32=True)
-        # two micro-batches per step: gradients of the first are alive during the second, as in training
-        spec = bench.BenchSpec(**base, batch_size=s.micro_batch, grad_accum=min(2, s.grad_accum),
-                               memory_limit_gib=card)
-        rows.append(dict(bench.measure_rung_isolated(spec, rung, args.timeout), card_gib=card, plan=choice.as_dict()))
+    rows = [bench.measure_planned(bench.BenchSpec(**base), card, timeout=args.timeout) for card in args.cards]
     if args.baseline_batch:
         card = min(args.cards)
         spec = bench.BenchSpec(**base, batch_size=args.baseline_batch, memory_limit_gib=card)
@@ -63,12 +48,10 @@ def main() -> None:
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
     lines = [f"{args.model}, global batch 256, on {where} with the allocator capped:",
              f"{'':<44}{'img/s':>8}{'MFU':>7}{'peak':>9}{'planned':>9}{'error':>8}  status"]
-    peak_tflops = bench.environment(torch.device(args.device)).get("peak_bf16_tflops")
     for r in rows:
         ok = r.get("status") == "ok"
-        mfu = r["images_per_s"] * gflop / 1e3 / peak_tflops if ok and peak_tflops else None
         lines.append(f"{r['label']:<44}" + (
-            f"{r['images_per_s']:>8.1f}{(mfu or 0):>7.1%}{r['peak_bytes'] / memory.GIB:>8.2f}G"
+            f"{r['images_per_s']:>8.1f}{(r.get('mfu') or 0):>7.1%}{r['peak_bytes'] / memory.GIB:>8.2f}G"
             f"{r['planned_peak_bytes'] / memory.GIB:>8.2f}G{r.get('plan_error', 0):>+8.1%}  ok" if ok
             else f"  {r.get('status')}"))
     table = "\n".join(lines)

@@ -593,6 +593,47 @@ def measure_rung_isolated(spec: BenchSpec, rung: "str | Rung", timeout: float | 
     return dict(rung=key, label=rung.label, status=f"error: exit {proc.returncode}: {' | '.join(tail)[:300]}")
 
 
+def measure_planned(spec: BenchSpec, card_gib: float, global_batch: int = 256, precision: str = "bf16",
+                    cap: bool = True, max_micro_batch: int | None = None, timeout: float | None = None) -> dict:
+    """The memory planner's choice for a card of ``card_gib`` (as ``dit-plan`` prints it), measured.
+
+    The step runs in a fresh process (:func:`measure_rung_isolated`) with two micro-batches, so that the
+    gradients of the first are alive during the second, as in training; with ``cap`` the CUDA allocator is
+    capped at ``card_gib``, so a larger GPU stands in for the smaller card. The row carries the plan
+    (``row["plan"]``) and, on a GPU of known peak, the MFU.
+    """
+    shape = model_shape(resolve_spec(spec))
+    choice = memory.plan(shape, card_gib, global_batch=global_batch, precision=precision)
+    if not choice.fits:
+        return dict(rung="planned", label=f"planner, {card_gib:g} GiB", status="no setting fits (see dit-plan)",
+                    card_gib=card_gib, plan=choice.as_dict())
+    s = choice.setup
+    rung = Rung("planned", f"planner, {card_gib:g} GiB: {s.micro_batch} x {s.grad_accum}, "
+                f"ckpt {s.checkpointed}/{shape.depth}", checkpointing=s.checkpointed, amp=True, latents=True,
+                fused_attention=True, tf32=True)
+    micro = min(s.micro_batch, max_micro_batch) if max_micro_batch else s.micro_batch
+    run = replace(spec, batch_size=micro, grad_accum=min(2, s.grad_accum), memory_limit_gib=card_gib if cap else None)
+    row = measure_rung_isolated(run, rung, timeout)
+    if row.get("status") == "ok":
+        row["achieved_tflops"] = row["images_per_s"] * train_gflop_per_image(shape) / 1e3
+        device = resolve_device(spec.device)
+        peak = device_peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        row["mfu"] = row["achieved_tflops"] / peak if peak else None
+    return dict(row, card_gib=card_gib, plan=choice.as_dict())
+
+
+def format_record(data: dict) -> str:
+    """A recorded benchmark file (``benchmarks/results/*.json``) as its table: a ladder (``dit-bench --json``,
+    ``benchmarks/gpu_ladder.sh``) or a file that carries its own ``table`` (the planner check, the profiles)."""
+    if "results" in data:
+        text = format_summary(data["results"], data.get("planner_choice", []))
+    elif "table" in data:
+        text = data["table"]
+    else:
+        text = format_summary([data], [])
+    return text + (f"\nnote: {data['note']}" if data.get("note") else "")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Sampling and optimizer timings
 # ----------------------------------------------------------------------------------------------------------
