@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -54,6 +53,7 @@ import torch
 from . import memory
 from .atomic import atomic_write_text
 from .memory import ModelShape
+from .runtime import autocast, resolve_device, resolve_precision, set_tf32
 
 #: The architecture of Stable Diffusion's VAE (``stabilityai/sd-vae-ft-ema``), as diffusers' AutoencoderKL
 #: arguments: 83.65 M parameters, 8x downsampling to 4 latent channels.
@@ -168,26 +168,6 @@ class BenchSpec:
     memory_limit_gib: float | None = None  # CUDA: cap the allocator at this much, as on a smaller card
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
-    return device
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The reduced precision for the amp rungs: bf16 where the hardware has it, else fp16 (GPU)."""
-    if precision not in ("auto", "bf16", "fp16"):
-        raise ValueError(f"precision must be auto, bf16 or fp16 (the amp rungs' dtype), got {precision!r}")
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16"
-
-
 def profile_shape(name: str) -> tuple[dict, int, bool]:
     """Model fields, image size and pixel-space flag of a training profile (``dit_core/configs/<name>.yaml``)."""
     import yaml
@@ -285,10 +265,6 @@ def encode(vae, images: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _amp_dtype(precision: str) -> torch.dtype:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
 def _make_data(spec: BenchSpec, shape: ModelShape, device: torch.device, vae_in_loop: bool):
     """A fixed batch (data loading is not what is measured): images for the VAE, latent moments, or pixels."""
     g = torch.Generator().manual_seed(spec.seed)
@@ -327,7 +303,7 @@ class TrainStep:
 
         self.shape = model_shape(spec)
         self.device, self.rung, self.spec = device, rung, spec
-        self.precision = resolve_precision(spec.precision, device) if rung.amp else "fp32"
+        self.precision = resolve_precision(spec.precision, device, "reduced") if rung.amp else "fp32"
         torch.manual_seed(spec.seed)
         with torch.device(device):
             self.model = DiT(**self.shape.model_kwargs(), attn_backend="sdpa" if rung.fused_attention else "math")
@@ -344,9 +320,7 @@ class TrainStep:
         self.data = _make_data(spec, self.shape, device, self.vae is not None)
 
     def autocast(self):
-        if self.precision == "fp32":
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=_amp_dtype(self.precision))
+        return autocast(self.device, self.precision)
 
     def forward(self, x, t, y=None):
         with self.autocast():
@@ -471,11 +445,6 @@ def _sync(device: torch.device) -> None:
 
 def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
-def set_tf32(enabled: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def _rung(rung: "str | Rung | dict") -> Rung:
@@ -651,7 +620,7 @@ def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -
     if spec.threads:
         torch.set_num_threads(spec.threads)
     shape = model_shape(spec)
-    precision = resolve_precision(spec.precision, device)
+    precision = resolve_precision(spec.precision, device, "reduced")
     torch.manual_seed(spec.seed)
     with torch.device(device):
         model = DiT(**shape.model_kwargs()).eval()
@@ -668,7 +637,7 @@ def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -
         y = torch.cat([y, torch.full_like(y, shape.num_classes)])
 
     def net(x, t, y=None, cfg_scale=None):
-        with torch.autocast(device.type, dtype=_amp_dtype(precision)):
+        with autocast(device, precision):
             out = model.forward_with_cfg(x, t, y, cfg_scale) if guided else model(x, t, y)
         return out.float()
 
@@ -688,7 +657,7 @@ def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -
             if vae is None:
                 vae, vae_source = build_vae(spec.vae, device)
             latents = samples[:n] / LATENT_SCALE
-            with torch.autocast(device.type, dtype=_amp_dtype(precision)):
+            with autocast(device, precision):
                 vae.decode(latents[:1]).sample  # warm-up
                 _sync(device)
                 start = time.perf_counter()
@@ -792,7 +761,7 @@ def check_activations(spec: BenchSpec) -> list[dict]:
     spec = resolve_spec(spec)
     device = resolve_device(spec.device)
     shape = model_shape(spec)
-    amp = resolve_precision(spec.precision, device)
+    amp = resolve_precision(spec.precision, device, "reduced")
     torch.manual_seed(spec.seed)
     with torch.device(device):
         model = DiT(**shape.model_kwargs())
@@ -936,8 +905,7 @@ def format_table(result: dict) -> str:
     spec = result["spec"]
     model = result["model"]
     cpu = env["cpu"]
-    bf16 = "AMX" if cpu.get("amx_bf16") else ("AVX512-BF16" if cpu.get("avx512_bf16") else "none")
-    where = env.get("gpu") or f"CPU: {cpu['model']} ({cpu['torch_threads']} threads, bf16 units: {bf16})"
+    where = env.get("gpu") or f"CPU: {cpu['model']} ({cpu['torch_threads']} threads, bf16 units: {cpu.get('bf16_units') or 'none'})"
     lines = [
         f"{model['name']} ({model['params'] / 1e6:.1f} M params, {model['tokens']} tokens), "
         f"{'pixel' if spec['pixel'] else 'latent'} {spec['image_size']}px, batch {spec['batch_size']}, "

@@ -4,7 +4,8 @@ The chapters never copy library code into cells: they call :func:`show_source` t
 actually runs. Each chapter's ``parameters`` cell defines ``SMOKE = False`` plus its cost knobs; the smoke
 tests (tests/test_notebooks.py) inject ``SMOKE = True`` with papermill, and :func:`smoke_mode` lets a reader or
 a quick book build ask for the same tiny settings through the ``DIT_SMOKE`` environment variable.
-:func:`set_threads` picks a sensible number of CPU threads for torch.
+:func:`set_threads` (from :mod:`dit_core.runtime`, where the library's command lines use it too) picks a
+sensible number of CPU threads for torch.
 
 Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit.
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 import html
 import importlib
 import inspect
-import math
 import os
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+from .runtime import set_threads  # noqa: F401 - the chapters import it from here
 
 SMOKE_ENV = "DIT_SMOKE"
 _TRUE = {"1", "true", "yes", "on"}
@@ -45,50 +47,6 @@ def smoke_mode(default: bool = False) -> bool:
     raise ValueError(
         f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r} is not a yes/no value; set it to 1 (tiny settings) or 0 (full)"
     )
-
-
-# --------------------------------------------------------------------------------------------- threads
-def available_cpus() -> int:
-    """CPU cores this process may really use: its CPU affinity, capped by a cgroup CPU quota if any.
-
-    ``os.cpu_count()`` reports the host's cores, which inside a container can be many more than the
-    container may use; torch then oversubscribes the cores and slows down badly.
-    """
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows
-        n = os.cpu_count() or 1
-    try:  # cgroup v2: "max 100000" or "200000 100000"
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
-
-
-def set_threads(n: int | None = None) -> int:
-    """Set torch's intra-op CPU threads and return the number used.
-
-    ``n`` if given; otherwise ``OMP_NUM_THREADS`` if it is set (tests and CI pin it); otherwise the cores
-    this process may use (:func:`available_cpus`). Harmless on a GPU machine: it only affects CPU ops.
-    """
-    import torch
-
-    if n is None:
-        env = os.environ.get("OMP_NUM_THREADS", "").strip()
-        if env:
-            try:
-                n = int(env)
-            except ValueError:
-                raise ValueError(f"OMP_NUM_THREADS={env!r} is not an integer; unset it or set e.g. 2") from None
-        else:
-            n = available_cpus()
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"set_threads needs n >= 1, got {n}")
-    torch.set_num_threads(n)
-    return torch.get_num_threads()
 
 
 # --------------------------------------------------------------------------------------------- source

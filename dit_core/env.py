@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from .runtime import cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, resolve_device, usable_cores
+
 GIB = 1024**3
 
 # The profiles by GPU memory (GiB as torch reports it; a "24 GB" card shows about 23.6 GiB).
@@ -25,36 +27,21 @@ def cpu_info() -> dict:
     """CPU model, logical cores, cores this process may use, torch threads, and bf16 support.
 
     bf16 on CPU is fast only with hardware support: ``amx_bf16`` (Intel Sapphire Rapids and later, bf16
-    matrix tiles) or ``avx512_bf16`` (Cooper Lake, AMD Zen 4). The flags come from ``/proc/cpuinfo``.
+    matrix tiles) or ``avx512_bf16`` (Cooper Lake, AMD Zen 4) (:func:`dit_core.runtime.cpu_flags`).
     """
-    flags: set[str] = set()
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "flags" and not flags:
-                    flags = set(value.split())
-                elif key == "model name" and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
+    model, flags = cpu_flags()
     return {
         "model": model,
         "logical_cores": os.cpu_count(),
-        "usable_cores": usable,
+        "usable_cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "amx_bf16": "amx_bf16" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "avx512f": "avx512f" in flags,
         "avx2": "avx2" in flags,
-        "bf16_fast": "amx_bf16" in flags or "avx512_bf16" in flags,
+        "bf16_units": cpu_bf16_units(flags),
+        "bf16_fast": cpu_has_fast_bf16(),
         "torch_cpu_capability": _safe(lambda: torch.backends.cpu.get_cpu_capability()),
     }
 
@@ -96,7 +83,7 @@ def attention_backends(device: str | torch.device | None = None) -> dict:
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     if device.type == "cuda":
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     else:
@@ -239,12 +226,11 @@ def format_report(report: dict) -> str:
         for k, v in att.items():
             if v is not True and k != "cudnn":
                 lines.append(f"  {k}: {v}")
-    bf16 = "AMX" if cpu["amx_bf16"] else ("AVX512-BF16" if cpu["avx512_bf16"] else "none")
     lines += [
         f"CPU               {cpu['model']}",
         f"CPU threads       torch {cpu['torch_threads']}, usable cores {cpu['usable_cores']}, logical cores "
         f"{cpu['logical_cores']}, OMP_NUM_THREADS={cpu['omp_num_threads'] or 'unset'}",
-        f"CPU bf16          {bf16} (torch CPU kernels: {cpu['torch_cpu_capability']})",
+        f"CPU bf16          {cpu['bf16_units'] or 'none'} (torch CPU kernels: {cpu['torch_cpu_capability']})",
         f"RAM               {report['ram_gib']} GiB",
         f"profile           {report['profile']}",
     ]
@@ -274,7 +260,7 @@ FORMAT_BITS = {"fp32": (1, 8, 23), "tf32": (1, 8, 10), "bf16": (1, 8, 7), "fp16"
 def matmul_modes(device: str | torch.device | None = None) -> list[str]:
     """The matmul precisions worth comparing on ``device``: fp32, bf16 and fp16 everywhere, and TF32 on a
     CUDA GPU of compute capability 8.0 or later (elsewhere it does not exist)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     modes = ["fp32"]
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
         modes.append("tf32")
@@ -290,7 +276,7 @@ def matmul_benchmark(n: int = 1024, modes=None, device: str | torch.device | Non
     product of the same fp32 inputs, computed on ``device``. "bf16" and "fp16" cast both inputs, as autocast
     does; "fp32" runs with TF32 off and "tf32" with it on (the setting is restored afterwards).
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     modes = list(modes or matmul_modes(device))
     unknown = [m for m in modes if m not in FORMAT_BITS]
     if unknown:

@@ -32,7 +32,6 @@ import json
 import os
 import time
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +39,7 @@ import torch
 
 from .atomic import atomic_write, atomic_write_text
 from .data.images import ImageFolderDataset
+from .runtime import DTYPES, autocast, resolve_device, resolve_precision, usable_cores
 
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SCALE = 0.18215  # Rombach et al. (2022): 1 / std of SD-VAE latents on their training data
@@ -47,7 +47,6 @@ FORMAT = "dit-latents"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATE = "state.json"  # exists while an extraction is in progress
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STORAGE_DTYPES = ("float16", "float32")
 SHARD_BYTES = 1 << 30  # aim for about 1 GiB per shard file
 
@@ -153,12 +152,6 @@ def vae_scale(vae) -> float:
     return float(getattr(vae.config, "scaling_factor", None) or SCALE)
 
 
-def _autocast(device: torch.device, precision: str):
-    if precision == "fp32":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=PRECISIONS[precision])
-
-
 @torch.no_grad()
 def encode_moments(
     vae, x: torch.Tensor, precision: str = "fp32", scale: float = SCALE
@@ -168,9 +161,9 @@ def encode_moments(
     ``precision`` runs the encoder under autocast ("bf16", "fp16") or in full fp32. A batch that comes
     out non-finite in reduced precision (fp16 overflow) is encoded again in fp32.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    with _autocast(x.device, precision):
+    if precision not in DTYPES:
+        raise ValueError(f"precision must be one of {', '.join(DTYPES)}, got {precision!r}")
+    with autocast(x.device, precision):
         dist = vae.encode(x.to(next(vae.parameters()).dtype)).latent_dist
     mean = dist.mean.float()
     std = torch.exp(0.5 * dist.logvar.float())
@@ -206,20 +199,6 @@ def compare_precisions(vae, x: torch.Tensor, precisions=("bf16", "fp16"), scale:
             "vs_std": rms(err) / rms(ref_std),
         }
     return out
-
-
-def default_precision(device: torch.device | str) -> str:
-    """fp16 autocast on a GPU, fp32 on the CPU.
-
-    Measured with ``benchmarks/data_bench.py`` (:func:`compare_precisions`, randomly initialised VAEs on
-    the CPU): the rms error of the latent mean relative to its rms is about 1.7e-2 in bf16 and 2.2e-3 in
-    fp16 for the tiny test VAE, 1.3e-2 and 1.6e-3 for the full SD-VAE architecture: fp16 is about 8x
-    more accurate (it keeps 3 more mantissa bits), and float16 storage adds only 2e-4. Autocast
-    keeps GroupNorm and the softmax in fp32, so SD-VAE activations stay in fp16's range; a batch
-    that overflows is re-encoded in fp32 anyway. On the CPU the default stays fp32, the reference result
-    (CPU fp16 has no fast kernels); on CPUs with AMX, ``precision="bf16"`` trades accuracy for speed.
-    """
-    return "fp16" if torch.device(device).type == "cuda" else "fp32"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -311,7 +290,7 @@ def extract_latents(
 
     ``vae``: a hub id, a local folder, or an already loaded ``AutoencoderKL`` (then pass ``vae_name`` to
     record where it came from). ``precision``: encoder autocast, "fp32" / "bf16" / "fp16" (default:
-    :func:`default_precision`). ``resume``: continue an interrupted extraction in ``out_dir`` (the result
+    :func:`dit_core.runtime.resolve_precision` for the VAE: fp16 on a GPU, fp32 on the CPU). ``resume``: continue an interrupted extraction in ``out_dir`` (the result
     is identical to an uninterrupted run); ``overwrite``: start again even if ``out_dir`` holds another
     extraction. ``max_batches``: stop after that many batches (to test resuming; the run is then
     incomplete). ``dtype``: the encoder precision given as a torch dtype (``torch.bfloat16``), an alias of
@@ -319,15 +298,13 @@ def extract_latents(
     """
     out_dir = Path(out_dir)
     if dtype is not None:
-        by_dtype = {v: k for k, v in PRECISIONS.items()}
-        named = by_dtype.get(dtype, dtype if dtype in PRECISIONS else None)
+        by_dtype = {v: k for k, v in DTYPES.items()}
+        named = by_dtype.get(dtype, dtype if dtype in DTYPES else None)
         if named is None or (precision is not None and precision != named):
-            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(PRECISIONS)} or disagrees with precision")
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} or disagrees with precision")
         precision = named
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    precision = precision or default_precision(device)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    device = resolve_device(device)
+    precision = resolve_precision(precision or "auto", device, purpose="vae")
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage_dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
     if batch_size < 1:
@@ -392,7 +369,7 @@ def extract_latents(
     if max_batches is not None:
         batches = batches[:max_batches]
     if num_workers is None:
-        num_workers = min(8, max(0, _usable_cores() - 1)) if len(batches) > 4 else 0
+        num_workers = min(8, max(0, usable_cores() - 1)) if len(batches) > 4 else 0
     loader = torch.utils.data.DataLoader(
         _ExtractionImages(images),
         batch_sampler=batches,
@@ -444,13 +421,6 @@ def extract_latents(
         _write_json(out_dir / STATE, state)
         return {**state, "complete": False}
     return _finish(out_dir, state, np.asarray(images.targets, dtype=np.int64))
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 # Settings that must agree for a resumed extraction to continue the same one.

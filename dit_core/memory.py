@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable
 
@@ -735,6 +734,7 @@ def measure_saved_bytes(model, batch_size: int, precision: str = "fp32", loss: s
     import torch
 
     from .diffusion import create_diffusion
+    from .runtime import autocast
 
     device = torch.device(device or next(model.parameters()).device)
     shape = ModelShape.from_model(model)
@@ -761,11 +761,8 @@ def measure_saved_bytes(model, batch_size: int, precision: str = "fp32", loss: s
     x = torch.randn(batch_size, shape.in_channels, shape.input_size, shape.input_size, generator=gen).to(device)
     t = torch.randint(0, diffusion.num_timesteps, (batch_size,), generator=gen).to(device)
     y = torch.randint(0, max(shape.num_classes, 1), (batch_size,), generator=gen).to(device)
-    amp = precision != "fp32" and device.type in ("cpu", "cuda")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
     def forward(x_t, t_, y=None):
-        with torch.autocast(device.type, dtype=dtype) if amp else nullcontext():
+        with autocast(device, precision):
             return model(x_t, t_, y).float()
 
     was_training = model.training
@@ -889,6 +886,7 @@ def simulate_peak(shape: ModelShape, setup: TrainSetup, device: str = "meta", se
     import torch
 
     from .models import DiT
+    from .runtime import autocast
 
     if setup.vae_in_loop:
         raise ValueError("simulate_peak measures the DiT step only; use vae_in_loop=False")
@@ -908,13 +906,10 @@ def simulate_peak(shape: ModelShape, setup: TrainSetup, device: str = "meta", se
     x = torch.randn(n, shape.in_channels, shape.input_size, shape.input_size, device=dev)
     t = torch.randint(0, 1000, (n,), device=dev)
     y = torch.randint(0, max(shape.num_classes, 1), (n,), device=dev) if shape.num_classes else None
-    amp = setup.precision != "fp32"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision)
-
     def step():
         opt.zero_grad(set_to_none=True)
         for _ in range(setup.grad_accum):
-            with torch.autocast(dev.type, dtype=dtype) if amp else nullcontext():
+            with autocast(dev, setup.precision):
                 out = model(x, t, y)
             out.float().sum().backward()
         opt.step()

@@ -28,7 +28,6 @@ tooling (``arr_0``: uint8 N x H x W x C) plus ``labels``. :func:`load_model` ope
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from .diffusion import SpacedDiffusion, create_diffusion, space_timesteps
+from .runtime import autocast, resolve_precision
 
 SAMPLERS = ("ddpm", "ddim", "dpm-solver++")
 _SAMPLER_ALIASES = {"dpm": "dpm-solver++", "dpmsolver++": "dpm-solver++", "dpm-solver": "dpm-solver++",
@@ -84,28 +84,6 @@ def ddim_timesteps(num_train_steps: int, steps: int) -> list[int]:
     return [i * stride for i in range(steps)]
 
 
-def resolve_amp(amp: str, device: torch.device) -> str:
-    """``"auto"``: bf16 on GPUs with bf16 (fp16 on older ones), bf16 on CPUs with AMX/AVX512-BF16, else fp32."""
-    amp = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(amp, amp)
-    if amp == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "cpu":
-            from .train.loop import cpu_has_fast_bf16
-
-            return "bf16" if cpu_has_fast_bf16() else "fp32"
-        return "fp32"
-    if amp not in ("fp32", "bf16", "fp16"):
-        raise ValueError(f"amp must be 'auto', 'fp32', 'bf16' or 'fp16', got {amp!r}")
-    return amp
-
-
-def _autocast(device: torch.device, amp: str):
-    if amp == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[amp])
-
-
 def _guided(model, cfg_scale: float, guidance_channels: int | None):
     """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N."""
     if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
@@ -137,7 +115,7 @@ def _run_gaussian(diffusion, model_fn, x, y, gens, *, ddim: bool, eta: float, cl
     n = diffusion.num_timesteps
     for k, i in enumerate(range(n - 1, -1, -1)):
         t = torch.full((len(x),), i, dtype=torch.long, device=device)
-        with _autocast(device, amp):
+        with autocast(device, amp):
             out = diffusion.p_mean_variance(model_fn, x, t, clip_denoised, model_kwargs=dict(y=y))
         x0 = out["pred_xstart"].float()
         if ddim:
@@ -181,7 +159,7 @@ def _run_dpm(diffusion, model_fn, x, y, *, steps: int, clip_denoised: bool, amp,
     channels = x.shape[1]
     for k, t in enumerate(scheduler.timesteps):
         tt = torch.full((len(x),), int(t), dtype=torch.long, device=device)
-        with _autocast(device, amp):
+        with autocast(device, amp):
             eps = model_fn(x, tt, y)[:, :channels].float()
         x = scheduler.step(eps, t, x).prev_sample
         tick()
@@ -254,7 +232,7 @@ def generate(
     if device is None:
         device = next(model.parameters()).device
     device = torch.device(device)
-    amp = resolve_amp(amp, device)
+    amp = resolve_precision(amp, device)
     weights = next(model.parameters()).dtype
     if amp == "fp32" and weights in (torch.bfloat16, torch.float16):  # half weights need autocast for fp32 inputs
         amp = "bf16" if weights == torch.bfloat16 else "fp16"

@@ -1,4 +1,4 @@
-"""dit_core.book: the notebook helpers (source display, smoke mode, threads, output stripping)."""
+"""dit_core.book: the notebook helpers (source display, smoke mode, output stripping)."""
 
 import inspect
 
@@ -29,9 +29,11 @@ def test_source_of_method_instance_and_property():
 
 
 def test_show_source_outside_ipython_returns_plain_text():
-    text = book.show_source(book.available_cpus)
-    assert text.splitlines()[0].startswith("# dit_core.book.available_cpus  (dit_core/book.py, lines ")
-    assert "def available_cpus() -> int:" in text
+    text = book.show_source(book.smoke_mode)
+    assert text.splitlines()[0].startswith("# dit_core.book.smoke_mode  (dit_core/book.py, lines ")
+    assert "def smoke_mode(default: bool = False) -> bool:" in text
+    # a name the book re-exports is shown where it lives
+    assert book.show_source(book.set_threads).startswith("# dit_core.runtime.set_threads  (dit_core/runtime.py")
 
 
 def test_html_view_is_highlighted_and_escaped():
@@ -62,24 +64,6 @@ def test_smoke_mode_reads_environment(monkeypatch):
     monkeypatch.setenv(book.SMOKE_ENV, "maybe")
     with pytest.raises(ValueError, match="DIT_SMOKE='maybe'"):
         book.smoke_mode()
-
-
-def test_set_threads_respects_argument_and_env(monkeypatch):
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    try:
-        assert book.set_threads(1) == 1
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        assert book.set_threads() == 2
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        assert book.set_threads() == book.available_cpus() >= 1
-        monkeypatch.setenv("OMP_NUM_THREADS", "two")
-        with pytest.raises(ValueError, match="not an integer"):
-            book.set_threads()
-        with pytest.raises(ValueError, match="n >= 1"):
-            book.set_threads(0)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_strip_outputs_clears_outputs_and_widget_state(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dit_core.cli.env import main as dit_env
+from dit_core import runtime
 from dit_core.env import cpu_info, environment_report, format_report, recommend_profile
 
 
@@ -54,16 +55,11 @@ def test_report_on_this_machine():
     assert f"profile           {report['profile']}" in text
 
 
-def test_cpu_bf16_flags_match_proc_cpuinfo():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        pytest.skip("no /proc/cpuinfo here")
+def test_cpu_info_reports_what_runtime_reads():
     info = cpu_info()
-    assert info["amx_bf16"] == ("amx_bf16" in flags)
-    assert info["avx512_bf16"] == ("avx512_bf16" in flags)
-    assert info["bf16_fast"] == (info["amx_bf16"] or info["avx512_bf16"])
+    model, flags = runtime.cpu_flags()
+    assert info["model"] == model and info["bf16_units"] == runtime.cpu_bf16_units(flags)
+    assert info["bf16_fast"] == runtime.cpu_has_fast_bf16() and info["usable_cores"] == runtime.usable_cores()
 
 
 def test_format_report_for_a_gpu_machine():

@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.bench import BenchSpec, default_rungs, format_table, resolve_device, resolve_spec, run_benchmark, save_result
-    from dit_core.book import set_threads
+    from dit_core.bench import BenchSpec, default_rungs, format_table, resolve_spec, run_benchmark, save_result
+    from dit_core.runtime import resolve_device, set_threads
 
     threads = set_threads(args.threads)
     for name in ("batch_size", "grad_accum", "steps", "sample_steps", "sample_batch"):

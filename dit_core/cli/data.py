@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 
@@ -42,7 +41,9 @@ def main(argv=None) -> int:
 
         workers = args.workers
         if workers is None:
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            from dit_core.runtime import usable_cores
+
+            workers = usable_cores()
         try:
             report = check_dataset(
                 args.root, image_size=args.image_size, split=args.split, mode=args.mode,

@@ -52,10 +52,10 @@ def main(argv=None) -> int:
                                     "num_samples"))
         return 0
 
-    from dit_core.book import set_threads
+    from dit_core.runtime import resolve_device, set_threads
 
     set_threads()
-    device = _device(args.device)
+    device = resolve_device(args.device)
     try:
         model = evaluate.load_inception(args.inception, device)
     except (FileNotFoundError, ValueError) as err:
@@ -100,14 +100,6 @@ def _report(result: dict, as_json: bool, keys) -> None:
         print(f"{'per_class_accuracy':>24}: " + " ".join(f"{c}:{a:.2f}" for c, a in result["per_class_accuracy"].items()))
     if "note" in result:
         print(f"note: {result['note']}")
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name != "auto":
-        return name
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 if __name__ == "__main__":

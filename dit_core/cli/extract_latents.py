@@ -16,7 +16,8 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dit_core.latents import DEFAULT_VAE, PRECISIONS, STORAGE_DTYPES
+    from dit_core.latents import DEFAULT_VAE, STORAGE_DTYPES
+    from dit_core.runtime import DTYPES
 
     p = argparse.ArgumentParser(
         prog="dit-extract-latents",
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"hub id or local folder of an AutoencoderKL (default {DEFAULT_VAE})")
     p.add_argument("--image-size", type=int, default=256, help="center-crop size in pixels (multiple of 8)")
     p.add_argument("--batch-size", type=int, default=32, help="images per batch (each is encoded plain and flipped)")
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
+    p.add_argument("--precision", choices=tuple(DTYPES), default=None,
                    help="encoder precision (default: fp16 on a GPU, fp32 on the CPU)")
     p.add_argument("--storage-dtype", choices=STORAGE_DTYPES, default="float16",
                    help="dtype of the stored moments (float16 halves the disk space)")

@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from dit_core.book import set_threads
     from dit_core.diffusion import create_diffusion
-    from dit_core.sample import generate, load_model, parse_classes, resolve_amp, save_grid, save_npz
+    from dit_core.runtime import resolve_device, resolve_precision, set_threads
+    from dit_core.sample import generate, load_model, parse_classes, save_grid, save_npz
 
     if not (args.grid or args.npz):
         print("dit-sample: nothing to write; pass --grid out.png and/or --npz out.npz", file=sys.stderr)
@@ -60,7 +60,12 @@ def main(argv=None) -> int:
         print("dit-sample: --per-class must be at least 1", file=sys.stderr)
         return 2
     set_threads()
-    device = torch.device(_device(args.device))
+    try:
+        device = resolve_device(args.device)
+        amp = resolve_precision(args.precision, device)
+    except ValueError as err:
+        print(f"dit-sample: {err}", file=sys.stderr)
+        return 2
     try:
         model, info = load_model(args.ckpt, device=device)
     except (FileNotFoundError, ValueError) as err:
@@ -95,7 +100,6 @@ def main(argv=None) -> int:
             return 2
     diffusion = create_diffusion("", noise_schedule=info.get("noise_schedule", "linear"),
                                  learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
-    amp = resolve_amp(args.precision, device)
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
 
     start = time.perf_counter()
@@ -130,18 +134,6 @@ def main(argv=None) -> int:
               f"{summary['images_per_second']} images/s" + "".join(
                   f"; {k} -> {summary[k]}" for k in ("grid", "npz") if k in summary))
     return 0
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
 
 
 if __name__ == "__main__":

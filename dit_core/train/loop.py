@@ -30,6 +30,7 @@ import torch
 
 from ..diffusion import create_diffusion
 from ..models import DiT, model_kwargs
+from ..runtime import autocast, resolve_precision, set_tf32
 from . import distributed
 from .batches import DataOrder, MicroBatches, SeededItems, micro_slice, step_draws
 from .config import ConfigError, TrainConfig, save_yaml, to_dict
@@ -41,39 +42,6 @@ from .state import load_checkpoint, save_checkpoint
 # ----------------------------------------------------------------------------------------------------------
 # Decisions, one at a time
 # ----------------------------------------------------------------------------------------------------------
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with AMX or AVX-512 BF16 instructions, where oneDNN runs bf16 matmuls natively."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if amx is not None and amx():
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_precision(name: str, device: torch.device) -> str:
-    """``auto``: bf16 on GPUs that support it (Ampere and newer) and on CPUs with native bf16, fp16 with a
-    gradient scaler on older GPUs, fp32 elsewhere. An explicit choice is checked against the device."""
-    if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "cpu" and cpu_has_fast_bf16():
-            return "bf16"
-        return "fp32"
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("this GPU has no bf16 support (it predates Ampere); use --mixed-precision fp16")
-    return name
-
-
-def autocast(device: torch.device, precision: str):
-    """Mixed precision: matmuls in bf16/fp16, reductions and the loss in fp32; weights stay fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -212,10 +180,12 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     device = procs.device
     if cfg.debug:
         cfg = debug_config(cfg, procs.world_size)
-    precision = resolve_precision(cfg.mixed_precision, device)
+    try:
+        precision = resolve_precision(cfg.mixed_precision, device)
+    except ValueError as err:
+        raise ConfigError(f"{err} (--mixed-precision)") from None
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-        torch.backends.cudnn.allow_tf32 = cfg.tf32
+        set_tf32(cfg.tf32)
     micro_batch, rem = divmod(cfg.batch_size, cfg.grad_accum * procs.world_size)
     if rem or micro_batch < 1:
         raise ConfigError(
