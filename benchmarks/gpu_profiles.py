@@ -37,7 +37,7 @@ def make_latents(root: Path, images: int, size: int = 256, classes: int = 10) ->
     from diffusers import AutoencoderKL
     from PIL import Image
 
-    from dit_core.bench import SD_VAE_CONFIG
+    from dit_core.vae import SD_VAE_CONFIG
     from dit_core.latents import extract_latents
 
     out = root / "latents"

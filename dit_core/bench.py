@@ -27,8 +27,8 @@ process per rung (``VmHWM``) and, for eager rungs, the peak of tensor bytes aliv
 counted: 712 GFLOP for DiT-XL/2 at 256 px) x images/s / the device's dense bf16 peak.
 
 A VAE's speed does not depend on its weights: when the real ``stabilityai/sd-vae-ft-ema`` cannot be loaded
-(offline), a randomly initialised ``AutoencoderKL`` of the same architecture (:data:`SD_VAE_CONFIG`) is
-timed instead, and the result says which one ran.
+(offline), a randomly initialised ``AutoencoderKL`` of the same architecture (:data:`dit_core.vae.SD_VAE_CONFIG`)
+is timed instead, and the result says which one ran.
 
 ``dit-bench`` is the command line (:mod:`dit_core.cli.bench`); ``benchmarks/gpu_ladder.sh`` runs the
 DiT-XL/2 ladder on a GPU.
@@ -54,22 +54,7 @@ from . import memory
 from .atomic import atomic_write_text
 from .memory import ModelShape
 from .runtime import autocast, resolve_device, resolve_precision, set_tf32
-
-#: The architecture of Stable Diffusion's VAE (``stabilityai/sd-vae-ft-ema``), as diffusers' AutoencoderKL
-#: arguments: 83.65 M parameters, 8x downsampling to 4 latent channels.
-SD_VAE_CONFIG = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=["DownEncoderBlock2D"] * 4,
-    up_block_types=["UpDecoderBlock2D"] * 4,
-    block_out_channels=[128, 256, 512, 512],
-    layers_per_block=2,
-    latent_channels=4,
-    norm_num_groups=32,
-    sample_size=256,
-    act_fn="silu",
-)
-LATENT_SCALE = 0.18215
+from .vae import decode_latents, load_vae_or_random, sample_latents
 
 #: Dense bf16 tensor-core peaks in TFLOP/s (vendor figures; see shared/reference/FACTS.md), matched against
 #: ``torch.cuda.get_device_name()`` in this order.
@@ -229,35 +214,13 @@ def train_gflop_per_image(shape: ModelShape) -> float:
     return 6 * forward_macs(model) / 1e9
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The VAE
-# ----------------------------------------------------------------------------------------------------------
-
-
 def build_vae(name: str | None, device: torch.device):
     """``(vae, description)``: the named VAE if it loads offline, else a random-init AutoencoderKL of SD's
     architecture (same cost: a VAE's speed does not depend on its weights)."""
-    if name:
-        from .latents import load_vae
-
-        try:
-            return load_vae(name, device=device, local_files_only=True), f"loaded: {name}"
-        except Exception as err:  # noqa: BLE001 - missing weights, no network: fall back, and say so
-            reason = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
-            print(f"dit-bench: could not load VAE {name!r} ({reason}); timing a random-init one", file=sys.stderr)
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        vae = AutoencoderKL(**SD_VAE_CONFIG)
-    return vae.eval().requires_grad_(False), "random-init AutoencoderKL (sd-vae-ft-ema architecture)"
-
-
-def encode(vae, images: torch.Tensor) -> torch.Tensor:
-    """One posterior draw of the scaled latents, as a training step with the VAE in the loop does."""
-    with torch.no_grad():
-        dist = vae.encode(images).latent_dist
-        return (dist.mean + torch.exp(0.5 * dist.logvar) * torch.randn_like(dist.mean)).float() * LATENT_SCALE
+    vae, description, pretrained = load_vae_or_random(name, device)
+    if name and not pretrained:
+        print(f"dit-bench: timing a {description}", file=sys.stderr)
+    return vae, description
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -329,8 +292,7 @@ class TrainStep:
     def x0(self) -> torch.Tensor:
         d = self.data
         if self.vae is not None:
-            with self.autocast():
-                return encode(self.vae, d["images"])
+            return sample_latents(self.vae, d["images"], self.precision)
         if "pixels" in d:
             return d["pixels"]
         return d["mean"] + d["std"] * torch.randn_like(d["std"])
@@ -393,8 +355,7 @@ class OfficialStep(TrainStep):
 
     def __call__(self) -> torch.Tensor:
         if self.vae is not None:
-            with torch.no_grad():
-                x = self.vae.encode(self.data["images"]).latent_dist.sample().mul_(LATENT_SCALE)
+            x = sample_latents(self.vae, self.data["images"])
         else:
             x = self.x0()
         t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=self.device)
@@ -656,12 +617,11 @@ def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -
         if not spec.pixel and spec.sample_decode:
             if vae is None:
                 vae, vae_source = build_vae(spec.vae, device)
-            latents = samples[:n] / LATENT_SCALE
             with autocast(device, precision):
-                vae.decode(latents[:1]).sample  # warm-up
+                decode_latents(vae, samples[:1])  # warm-up
                 _sync(device)
                 start = time.perf_counter()
-                vae.decode(latents).sample
+                decode_latents(vae, samples[:n])
                 _sync(device)
             decode_s = time.perf_counter() - start
     from .flops import forward_macs

@@ -325,7 +325,7 @@ def export_diffusers(
 
     ``out_dir/model_index.json`` (with ``id2label``), ``transformer/`` (config + safetensors),
     ``scheduler/``, ``vae/`` when a VAE is given (an ``AutoencoderKL`` or a name/path for
-    :func:`dit_core.latents.load_vae`), and ``dit_core.json`` with what diffusers' config cannot say (the
+    :func:`dit_core.vae.load_vae`), and ``dit_core.json`` with what diffusers' config cannot say (the
     true class count, the label names, pixel or latent space). Without a VAE (a pixel-space model such as
     the digits default), load it with ``DiTPipeline.from_pretrained(out_dir, vae=PixelDecoder())``.
     """
@@ -336,7 +336,7 @@ def export_diffusers(
         if not overwrite:
             raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
     if isinstance(vae, (str, os.PathLike)):
-        from .latents import load_vae
+        from .vae import load_vae
 
         vae = load_vae(vae)
     config = model.config()

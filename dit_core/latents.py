@@ -39,10 +39,9 @@ import torch
 
 from .atomic import atomic_write, atomic_write_text
 from .data.images import ImageFolderDataset
-from .runtime import DTYPES, autocast, resolve_device, resolve_precision, usable_cores
+from .runtime import DTYPES, resolve_device, resolve_precision, usable_cores
+from .vae import DEFAULT_VAE, downsample_factor, encode_moments, load_vae, vae_scale
 
-DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
-SCALE = 0.18215  # Rombach et al. (2022): 1 / std of SD-VAE latents on their training data
 FORMAT = "dit-latents"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -51,154 +50,8 @@ STORAGE_DTYPES = ("float16", "float32")
 SHARD_BYTES = 1 << 30  # aim for about 1 GiB per shard file
 
 
-class VAENotFoundError(FileNotFoundError):
-    """The VAE weights are neither in a local folder nor in the Hugging Face cache, and cannot be fetched."""
-
-
 class LatentFormatError(ValueError):
     """An extraction folder is missing, incomplete, or does not match the requested settings."""
-
-
-# --------------------------------------------------------------------------------------------------
-# The VAE
-
-
-def load_vae(
-    name_or_path: str | os.PathLike = DEFAULT_VAE,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    local_files_only: bool | None = None,
-):
-    """Load a diffusers ``AutoencoderKL`` from a hub id or a local folder, in eval mode.
-
-    A local folder is one written by ``save_pretrained`` (``config.json`` + weights), or a whole
-    Stable Diffusion pipeline folder (its ``vae/`` sub-folder is used). A hub id is looked up in the
-    local Hugging Face cache first and downloaded only when it is missing there and
-    ``local_files_only`` is not true. Missing weights raise :class:`VAENotFoundError` with the two
-    ways to provide them.
-    """
-    try:
-        from diffusers import AutoencoderKL
-    except ImportError as err:  # pragma: no cover - diffusers is a dependency
-        raise ImportError("loading the VAE needs diffusers: pip install diffusers") from err
-
-    name = str(name_or_path)
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise VAENotFoundError(
-                f"VAE path {name!r} is a file; pass the folder that holds config.json and the weights"
-            )
-        subfolder = None
-        if not (path / "config.json").is_file():
-            if (path / "vae" / "config.json").is_file():
-                subfolder = "vae"
-            else:
-                raise VAENotFoundError(
-                    f"VAE folder {name!r} has no config.json; it must be a folder written by "
-                    "AutoencoderKL.save_pretrained or by `huggingface-cli download <id> --local-dir <folder>`"
-                )
-        vae = AutoencoderKL.from_pretrained(path, subfolder=subfolder, **_load_kwargs(dtype))
-    elif name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise VAENotFoundError(
-            f"VAE {name!r} is neither an existing folder nor a hub id of the form 'owner/name' "
-            f"(the default is {DEFAULT_VAE!r})"
-        )
-    else:
-        vae = _from_hub(AutoencoderKL, name, local_files_only, _load_kwargs(dtype))
-    return vae.to(device).eval().requires_grad_(False)
-
-
-def _load_kwargs(dtype: torch.dtype) -> dict:
-    kwargs = {"torch_dtype": dtype}
-    try:
-        import accelerate  # noqa: F401 - diffusers loads faster with it
-    except ImportError:
-        kwargs["low_cpu_mem_usage"] = False  # say so, instead of diffusers warning about it
-    return kwargs
-
-
-def _from_hub(cls, name: str, local_files_only: bool | None, kwargs: dict):
-    try:  # the cache first: no network when the weights are already here
-        return cls.from_pretrained(name, local_files_only=True, **kwargs)
-    except (OSError, ValueError) as err:
-        cached_error = err
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    if not (local_files_only or offline):
-        try:
-            return cls.from_pretrained(name, **kwargs)
-        except Exception as err:  # noqa: BLE001 - network, auth and missing-repo errors alike
-            cached_error = err
-    raise VAENotFoundError(
-        f"could not load the VAE {name!r}: it is not in the local Hugging Face cache"
-        + (" and downloading is switched off" if (local_files_only or offline) else " and could not be downloaded")
-        + f" ({type(cached_error).__name__}: {str(cached_error).splitlines()[0][:200] if str(cached_error) else ''}).\n"
-        "Provide the weights in one of two ways:\n"
-        f"  1. on a machine with internet: `huggingface-cli download {name} --local-dir ./{name.split('/')[-1]}`\n"
-        f"     (`hf download ...` in huggingface_hub 1.0 and later), copy that folder here and pass its path\n"
-        f"     instead of the id (--vae ./{name.split('/')[-1]});\n"
-        f"  2. or fill the cache here (run the same download with network access, or point HF_HOME at a\n"
-        f"     cache that holds {name}) and pass the id again."
-    ) from cached_error
-
-
-def downsample_factor(vae) -> int:
-    """Pixels per latent cell along one side: 2 ** (number of encoder blocks - 1), 8 for SD's VAE."""
-    return 2 ** (len(vae.config.block_out_channels) - 1)
-
-
-def vae_scale(vae) -> float:
-    """The latent scale factor from the VAE's config (0.18215 for SD 1.x VAEs and diffusers' default)."""
-    return float(getattr(vae.config, "scaling_factor", None) or SCALE)
-
-
-@torch.no_grad()
-def encode_moments(
-    vae, x: torch.Tensor, precision: str = "fp32", scale: float = SCALE
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior mean and std of images ``x`` (N, 3, H, W) in [-1, 1], times ``scale``, as float32.
-
-    ``precision`` runs the encoder under autocast ("bf16", "fp16") or in full fp32. A batch that comes
-    out non-finite in reduced precision (fp16 overflow) is encoded again in fp32.
-    """
-    if precision not in DTYPES:
-        raise ValueError(f"precision must be one of {', '.join(DTYPES)}, got {precision!r}")
-    with autocast(x.device, precision):
-        dist = vae.encode(x.to(next(vae.parameters()).dtype)).latent_dist
-    mean = dist.mean.float()
-    std = torch.exp(0.5 * dist.logvar.float())
-    if precision != "fp32" and not (torch.isfinite(mean).all() and torch.isfinite(std).all()):
-        warnings.warn(f"non-finite latents in {precision}; this batch was encoded again in fp32", stacklevel=2)
-        return encode_moments(vae, x, "fp32", scale)
-    return mean * scale, std * scale
-
-
-@torch.no_grad()
-def decode_latents(vae, z: torch.Tensor, scale: float = SCALE) -> torch.Tensor:
-    """Images in [-1, 1] from scaled latents ``z`` (N, C, H/8, W/8): the inverse of :func:`encode_moments`."""
-    return vae.decode(z.to(next(vae.parameters()).dtype) / scale).sample.float().clamp(-1, 1)
-
-
-@torch.no_grad()
-def compare_precisions(vae, x: torch.Tensor, precisions=("bf16", "fp16"), scale: float = SCALE) -> dict:
-    """Latent error of reduced-precision encoding against fp32, for choosing the extraction precision.
-
-    For each precision: ``rel_rms`` (rms of the mean's error / rms of the fp32 mean), ``max_abs`` (largest
-    error, scaled units), and ``vs_std`` (rms error / rms posterior std: below 1 the error is smaller than
-    the noise of one posterior draw, which training adds anyway).
-    """
-    ref_mean, ref_std = encode_moments(vae, x, "fp32", scale)
-    rms = lambda t: float(t.pow(2).mean().sqrt())  # noqa: E731
-    out = {}
-    for p in precisions:
-        mean, _ = encode_moments(vae, x, p, scale)
-        err = mean - ref_mean
-        out[p] = {
-            "rel_rms": rms(err) / rms(ref_mean),
-            "max_abs": float(err.abs().max()),
-            "vs_std": rms(err) / rms(ref_std),
-        }
-    return out
 
 
 # --------------------------------------------------------------------------------------------------

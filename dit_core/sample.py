@@ -37,11 +37,11 @@ import torch
 
 from .diffusion import SpacedDiffusion, create_diffusion, space_timesteps
 from .runtime import autocast, resolve_precision
+from .vae import OFFICIAL_VAE, decode_latents
 
 SAMPLERS = ("ddpm", "ddim", "dpm-solver++")
 _SAMPLER_ALIASES = {"dpm": "dpm-solver++", "dpmsolver++": "dpm-solver++", "dpm-solver": "dpm-solver++",
                     "dpm_solver++": "dpm-solver++", "dpmpp": "dpm-solver++"}
-OFFICIAL_VAE = "stabilityai/sd-vae-ft-mse"  # what the official sample.py decodes with by default
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def generate(
                                   clip_denoised=clip_denoised, amp=amp, device=device, tick=tick,
                                   callback=batch_callback)
             if vae is not None:
-                x = decode(vae, x, scale=vae_scale, batch_size=decode_batch_size, tiling=vae_tiling)
+                x = decode_latents(vae, x, scale=vae_scale, batch_size=decode_batch_size, tiling=vae_tiling)
             elif clip_denoised:
                 x = x.clamp(-1, 1)
             out.append(x.float().cpu())
@@ -287,29 +287,6 @@ def generate(
     if out:
         return torch.cat(out)
     return torch.empty(0, *shape)
-
-
-@torch.no_grad()
-def decode(vae, latents: torch.Tensor, scale: float | None = None, batch_size: int | None = None,
-           tiling: bool | None = None) -> torch.Tensor:
-    """VAE-decode scaled latents to images in [-1, 1], ``batch_size`` at a time ("slicing": peak memory of one
-    slice, not of the whole batch), with tiled decoding when ``tiling`` (default: latents of 64 and up, 512 px)."""
-    from .latents import vae_scale as _vae_scale
-
-    scale = float(scale if scale is not None else _vae_scale(vae))
-    if tiling is None:
-        tiling = latents.shape[-1] >= 64
-    if tiling and hasattr(vae, "enable_tiling"):
-        vae.enable_tiling()
-    elif hasattr(vae, "disable_tiling"):
-        vae.disable_tiling()
-    param = next(vae.parameters())
-    batch_size = batch_size or len(latents)
-    images = []
-    for s in range(0, len(latents), batch_size):
-        z = latents[s : s + batch_size].to(param.device, param.dtype) / scale
-        images.append(vae.decode(z).sample.float().clamp(-1, 1).cpu())
-    return torch.cat(images)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from PIL import Image
 from dit_core import bench_data
 from dit_core.data import ImageFolderDataset
 from dit_core.env import FORMAT_BITS, matmul_benchmark, matmul_modes
+from dit_core.vae import SD_VAE_CONFIG, load_vae_or_random, random_vae
 
 
 @pytest.mark.parametrize("source, classes, folders", [("noise", 3, ["class000", "class001", "class002"]),
@@ -38,29 +39,27 @@ def test_make_jpegs_rejects_bad_arguments(tmp_path):
         bench_data.make_jpegs(tmp_path, 0)
 
 
-def test_demo_vae_falls_back_to_random_weights_and_says_so(tmp_path, monkeypatch):
+def test_vae_falls_back_to_random_weights_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
-    vae, description, pretrained = bench_data.demo_vae("nobody/no-such-vae", fallback="tiny")
+    vae, description, pretrained = load_vae_or_random("nobody/no-such-vae", fallback="tiny")
     assert not pretrained
-    assert description.startswith("randomly initialised AutoencoderKL, 'tiny' architecture: nobody/no-such-vae")
+    assert description.startswith("random-init AutoencoderKL ('tiny' architecture): nobody/no-such-vae could not")
     assert list(vae.config.block_out_channels) == [8, 8, 16, 16] and not vae.training
     # a folder written by save_pretrained loads through the same function, with its own weights
     vae.save_pretrained(tmp_path / "my-vae")
-    loaded, description, pretrained = bench_data.demo_vae(tmp_path / "my-vae", fallback="sd")
+    loaded, description, pretrained = load_vae_or_random(tmp_path / "my-vae", fallback="sd")
     assert pretrained and "pretrained" in description
     assert all(torch.equal(p, q) for p, q in zip(vae.parameters(), loaded.parameters()))
 
 
 def test_random_vae_architectures_and_encoder_cost():
-    tiny = bench_data.random_vae("tiny")
+    tiny = random_vae("tiny")
     macs = bench_data.encoder_macs(tiny, 64)
     assert macs > 0 and bench_data.encoder_macs(tiny, 128) == pytest.approx(4 * macs, rel=0.01)  # convs: ~pixels
     with pytest.raises(ValueError, match="'sd' or 'tiny'"):
-        bench_data.random_vae("xl")
+        random_vae("xl")
     from diffusers import AutoencoderKL
-
-    from dit_core.bench import SD_VAE_CONFIG
 
     with torch.device("meta"):  # shapes only: SD's encoder at 256 px is about 136 G multiply-adds
         sd = AutoencoderKL(**SD_VAE_CONFIG)

@@ -21,16 +21,9 @@ import dit_core.latents as latents  # noqa: E402
 from dit_core.cli.extract_latents import main as dit_extract  # noqa: E402
 from dit_core.data import ImageFolderDataset  # noqa: E402
 from dit_core.data.check import plant_bad_files  # noqa: E402
-from dit_core.latents import (  # noqa: E402
-    LatentDataset,
-    LatentFormatError,
-    VAENotFoundError,
-    encode_moments,
-    extract_latents,
-    load_vae,
-    open_dataset,
-    verify,
-)
+from dit_core import vae as dit_vae  # noqa: E402
+from dit_core.latents import LatentDataset, LatentFormatError, extract_latents, open_dataset, verify  # noqa: E402
+from dit_core.vae import VAENotFoundError, encode_moments, load_vae  # noqa: E402
 
 SIZE = 32  # pixels; latents are 4 x 4 x 4
 KW = dict(image_size=SIZE, batch_size=4, shard_size=16, num_workers=0, progress=False, precision="fp32")
@@ -85,7 +78,7 @@ def test_load_vae_from_saved_folder_matches_original(vae_dir):
     for (name, p), (_, q) in zip(vae.state_dict().items(), reference.state_dict().items()):
         assert torch.equal(p, q), name
     assert not vae.training and not any(p.requires_grad for p in vae.parameters())
-    assert latents.downsample_factor(vae) == 8 and latents.vae_scale(vae) == pytest.approx(0.18215)
+    assert dit_vae.downsample_factor(vae) == 8 and dit_vae.vae_scale(vae) == pytest.approx(0.18215)
 
 
 def test_load_vae_from_pipeline_folder_uses_vae_subfolder(vae_dir, tmp_path):
@@ -287,7 +280,7 @@ def test_reduced_precision_encoding_error_is_small(vae_dir, images_dir):
     vae = load_vae(vae_dir)
     ds = ImageFolderDataset(images_dir, SIZE, flip=False)
     x = torch.stack([ds.load(i)[0] for i in range(0, 39, 3)])
-    errors = latents.compare_precisions(vae, x)
+    errors = dit_vae.compare_precisions(vae, x)
     assert errors["fp16"]["rel_rms"] < 0.01 and errors["bf16"]["rel_rms"] < 0.05
     assert errors["fp16"]["rel_rms"] < errors["bf16"]["rel_rms"]  # 10 vs 7 mantissa bits
 

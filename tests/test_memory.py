@@ -102,7 +102,7 @@ def test_predicted_peak_of_dit_xl2_on_the_meta_device():
 
 def test_vae_term_matches_the_tracked_encoder_peak():
     diffusers = pytest.importorskip("diffusers")
-    from dit_core.bench import SD_VAE_CONFIG
+    from dit_core.vae import SD_VAE_CONFIG
 
     with torch.device("meta"):
         vae = diffusers.AutoencoderKL(**SD_VAE_CONFIG).eval().requires_grad_(False)

@@ -16,7 +16,8 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dit_core.latents import DEFAULT_VAE, STORAGE_DTYPES
+    from dit_core.latents import STORAGE_DTYPES
+    from dit_core.vae import DEFAULT_VAE
     from dit_core.runtime import DTYPES
 
     p = argparse.ArgumentParser(
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.latents import LatentFormatError, VAENotFoundError, extract_latents, verify
+    from dit_core.latents import LatentFormatError, extract_latents, verify
+    from dit_core.vae import VAENotFoundError
 
     if args.data_path is None and not args.verify:
         print("dit-extract-latents: --data-path is required (or pass --verify alone to check --out)", file=sys.stderr)

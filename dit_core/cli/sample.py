@@ -90,7 +90,7 @@ def main(argv=None) -> int:
 
     vae = None
     if info.get("space") == "latent":
-        from dit_core.latents import VAENotFoundError, load_vae
+        from dit_core.vae import VAENotFoundError, load_vae
 
         name = args.vae or info.get("vae")
         try:

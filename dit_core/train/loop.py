@@ -412,7 +412,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
 
 def _vae(name, device):
     """The VAE that decodes latent samples, loaded once; None (with a warning) when it is not available."""
-    from ..latents import load_vae
+    from ..vae import load_vae
 
     if name not in _VAES:
         try:
