@@ -32,11 +32,12 @@ def ema_decay_at(updates: int, decay: float, warmup: bool) -> float:
 @torch.no_grad()
 def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
     """``ema <- decay * ema + (1 - decay) * model`` for every parameter (the fixed ``pos_embed`` too; it does
-    not change). One fused ``lerp`` over all tensors when they share a device."""
+    not change). One fused ``lerp`` over all tensors; with the EMA on another device (e.g. the CPU) the weights
+    are copied there first, and the copy completes before the update reads it."""
     ema_params = list(ema.parameters())
     params = [p.detach() for p in model.parameters()]
     if len(ema_params) != len(params):
         raise ValueError("the EMA model and the model have different parameter lists")
     if ema_params and ema_params[0].device != params[0].device:
-        params = [p.to(ema_params[0].device, non_blocking=True) for p in params]
+        params = [p.to(ema_params[0].device) for p in params]
     torch._foreach_lerp_(ema_params, params, 1.0 - decay)

@@ -1,24 +1,21 @@
 """The DiT training loop, top to bottom (Peebles & Xie 2023, Sec. 4 "Training"; the official ``train.py``).
 
 :func:`train` reads like a script: set up the processes and the device, open the data, build the model,
-its EMA, AdamW and the diffusion, resume if asked, then repeat for every step:
+its EMA, AdamW, the diffusion and the training step, resume if asked, then repeat for every step:
 
 1. set the learning rate (optional warmup and cosine decay; the official run keeps 1e-4 constant);
-2. draw the step's random numbers (timesteps, noise, label drops) from ``(seed, step)``;
-3. for each micro-batch: drop labels to the null class (classifier-free guidance), compute the hybrid loss
-   (``diffusion.training_losses``: MSE on the noise + the variational bound for the variance) under
-   autocast, and backpropagate ``loss / grad_accum``; gradients add up, so ``grad_accum`` micro-batches of
-   ``m`` give the gradient of one batch of ``grad_accum * m``;
-4. unscale (fp16), clip, and check for NaN/Inf; apply the AdamW step and update the EMA, or skip the step;
-5. log; save a checkpoint every ``ckpt_every`` steps; write a sample grid every ``sample_every`` steps.
+2. run the step (:class:`dit_core.train.step.TrainStep`): draw its random numbers (timesteps, noise, label
+   drops) from ``(seed, step)``; for each micro-batch drop labels to the null class (classifier-free
+   guidance), compute the hybrid loss under autocast and backpropagate ``loss / grad_accum``; then unscale
+   (fp16), clip, check for NaN/Inf, and apply the AdamW step and the EMA update, or skip the step;
+3. log; save a checkpoint every ``ckpt_every`` steps; write a sample grid every ``sample_every`` steps.
 
-The helpers above :func:`train` make the decisions one at a time (which precision, which data, which
-model); each is a few lines long.
+The helpers above :func:`train` make the decisions one at a time (which data, which model, which step);
+each is a few lines long.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -30,18 +27,25 @@ import torch
 
 from ..diffusion import create_diffusion
 from ..models import DiT, model_kwargs
-from ..runtime import autocast, resolve_precision, set_tf32
+from ..runtime import resolve_precision, set_tf32
 from . import distributed
-from .batches import DataOrder, MicroBatches, SeededItems, micro_slice, step_draws
+from .batches import DataOrder, MicroBatches, SeededItems
 from .config import ConfigError, TrainConfig, save_yaml, to_dict
-from .ema import create_ema, ema_decay_at, update_ema
-from .guard import NanGuard, TrainingDiverged
+from .ema import create_ema
+from .guard import TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
 from .state import load_checkpoint, save_checkpoint
+from .step import StepOptions, TrainStep, compile_blocks
 
 # ----------------------------------------------------------------------------------------------------------
 # Decisions, one at a time
 # ----------------------------------------------------------------------------------------------------------
+
+
+def step_options(cfg: TrainConfig, precision: str) -> StepOptions:
+    """How the training step runs, from the config (and the precision chosen for this device)."""
+    return StepOptions(grad_accum=cfg.grad_accum, precision=precision, grad_clip=cfg.grad_clip,
+                       max_bad_steps=cfg.max_bad_steps, ema_decay=cfg.ema_decay, ema_warmup=cfg.ema_warmup)
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -206,38 +210,37 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.subset, len(dataset))))
     is_latent = hasattr(getattr(dataset, "dataset", dataset), "latent_shape")
 
-    # -- model, EMA, optimizer, diffusion ------------------------------------------------------------------
+    # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
     model = build_model(cfg, sample_shape, num_classes).to(device)
-    # The loop drops labels itself (step 3 below) from the seeded draws, so DiT's own random label dropout
-    # (active only in train mode) is switched off with eval(): DiT has no dropout or batch-norm layers,
-    # so eval mode changes nothing else.
+    # The step drops labels itself from the seeded draws, so DiT's own random label dropout (active only in
+    # train mode) is switched off with eval(): DiT has no dropout or batch-norm layers, so eval mode changes
+    # nothing else.
     model.eval()
     ema = create_ema(model, device="cpu" if cfg.ema_device == "cpu" else None)
     opt = make_optimizer(model, cfg, device)
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     diffusion = create_diffusion("", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
                                  diffusion_steps=cfg.diffusion_steps)
-    torch.manual_seed(cfg.seed + procs.rank)  # torch's global generator, per process (the loop draws from its own)
+    if cfg.compile:
+        compile_blocks(model)
+    train_model = distributed.wrap(model, procs)  # DistributedDataParallel under torchrun
+    stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
+                        seed=cfg.seed, procs=procs, train_model=train_model)
+    torch.manual_seed(cfg.seed + procs.rank)  # torch's global generator, per process (the step draws from its own)
 
     # -- resume -------------------------------------------------------------------------------------------
-    step, samples_seen, ema_updates, loss_value = 0, 0, 0, float("nan")
+    step, samples_seen, loss_value = 0, 0, float("nan")
     ckpt_path = resume_path(cfg, out)
     if ckpt_path is not None:
-        info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=scaler, dataset_size=len(dataset),
-                               seed=cfg.seed, restore_rng=procs.is_main)
-        step, samples_seen, ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
+        info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=stepper.scaler,
+                               dataset_size=len(dataset), seed=cfg.seed, restore_rng=procs.is_main)
+        step, samples_seen, stepper.ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
         loss_value = float(info["metrics"].get("loss", loss_value))
     run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
                   "num_classes": num_classes, "classes": [str(c) for c in classes],
                   "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels"}
     if procs.is_main:
         save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
-
-    # -- wrappers: compile and DDP ------------------------------------------------------------------------
-    train_model = distributed.wrap(model, procs)
-    if cfg.compile:
-        train_model = torch.compile(train_model)
 
     # -- batches ------------------------------------------------------------------------------------------
     order = DataOrder(len(dataset), cfg.seed)
@@ -259,9 +262,6 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         micro_batches = iter(loader)
 
     # -- the loop -----------------------------------------------------------------------------------------
-    params = [p for p in model.parameters() if p.requires_grad]
-    null_class = torch.tensor(num_classes, device=device)
-    guard = NanGuard(cfg.max_bad_steps, cfg.lr, precision, cfg.grad_clip)
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
@@ -273,64 +273,23 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
             lr = learning_rate(step, cfg)
             for group in opt.param_groups:
                 group["lr"] = lr
-            # 2. this step's random numbers, for the whole global batch
-            draws = step_draws(cfg.seed, step, cfg.batch_size, sample_shape, diffusion.num_timesteps,
-                               cfg.class_dropout_prob if num_classes else 0.0)
-            # 3. micro-batches: forward, loss, backward
-            loss_sum = torch.zeros((), device=device)
-            parts = {"mse": torch.zeros((), device=device), "vb": torch.zeros((), device=device)}
-            bad_inputs = torch.zeros((), dtype=torch.bool, device=device)
-            for micro in range(cfg.grad_accum):
-                x, y = next(micro_batches)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                d = draws.slice(micro_slice(cfg.batch_size, cfg.grad_accum, procs.world_size, procs.rank, micro))
-                t, noise = d.t.to(device), d.noise.to(device)
-                if num_classes:  # label dropout: the null class teaches the unconditional model for guidance
-                    y = torch.where(d.drop.to(device), null_class, y)
-                last_micro = micro == cfg.grad_accum - 1
-                sync = contextlib.nullcontext() if last_micro or not procs.distributed else train_model.no_sync()
-                with sync:
-                    with autocast(device, precision):
-                        terms = diffusion.training_losses(train_model, x, t, model_kwargs=dict(y=y), noise=noise)
-                    loss = terms["loss"].mean()
-                    backward_loss = loss / cfg.grad_accum
-                    (scaler.scale(backward_loss) if scaler else backward_loss).backward()
-                loss_sum += loss.detach()
-                for key in parts:
-                    if key in terms:
-                        parts[key] += terms[key].detach().float().mean()
-                bad_inputs |= ~torch.isfinite(x).all()
-            # 4. check, clip, update
-            loss_mean = distributed.mean_over_processes(loss_sum / cfg.grad_accum, procs)
-            if scaler is not None:
-                scaler.unscale_(opt)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            loss_value, grad_value = (float(v) for v in torch.stack([loss_mean.float(), grad_norm.float()]).tolist())
-            problem = guard.check(step, loss_value, grad_value, scaler.get_scale() if scaler else None, bad_inputs)
-            if problem is None:
-                if scaler is not None:
-                    scaler.step(opt)
-                else:
-                    opt.step()
-                update_ema(ema, model, ema_decay_at(ema_updates, cfg.ema_decay, cfg.ema_warmup))
-                ema_updates += 1
-            else:
-                monitor.write(f"step {step + 1}: skipped ({problem}); weights unchanged")
-            if scaler is not None:
-                scaler.update()
-            opt.zero_grad(set_to_none=True)
+            # 2-4. the step: its random numbers, the micro-batches, the checked update (dit_core.train.step)
+            result = stepper(step, micro_batches)
+            if result.skipped is not None:
+                monitor.write(f"step {step + 1}: skipped ({result.skipped}); weights unchanged")
+            loss_value, grad_value = result.values()
             step += 1
             samples_seen += cfg.batch_size
 
             # 5. log, checkpoint, sample
             log_now = step % cfg.log_every == 0 or step == cfg.max_steps
-            extra = {k: float(distributed.mean_over_processes(v / cfg.grad_accum, procs)) for k, v in parts.items()
+            extra = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()
                      if log_now}  # the loss terms, averaged over processes (read only when logged: a GPU sync)
-            monitor.update(step, loss_value, lr, grad_value, guard.skipped, extra, force=step == cfg.max_steps)
+            monitor.update(step, loss_value, lr, grad_value, stepper.guard.skipped, extra, force=step == cfg.max_steps)
             if procs.is_main and (step % cfg.ckpt_every == 0 or step == cfg.max_steps):
                 with monitor.pause():
-                    ckpt = dict(model=model, ema=ema, opt=opt, scaler=scaler, step=step, samples_seen=samples_seen,
-                                ema_updates=ema_updates, config=run_config, dataset_size=len(dataset),
+                    ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step, samples_seen=samples_seen,
+                                ema_updates=stepper.ema_updates, config=run_config, dataset_size=len(dataset),
                                 metrics={"loss": loss_value, "train_seconds": time.perf_counter() - t_loop})
                     save_checkpoint(out / "checkpoints" / "last.pt", **ckpt)
                     if cfg.keep_every and step % cfg.keep_every == 0:
@@ -354,7 +313,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         "steps": step,
         "steps_this_run": steps_done,
         "final_loss": (monitor.last_record or {}).get("loss", loss_value),  # the last logged average
-        "skipped_steps": guard.skipped,
+        "skipped_steps": stepper.guard.skipped,
         "wall_seconds": time.perf_counter() - t_start,
         "train_seconds": train_seconds,
         "images_per_s": steps_done * cfg.batch_size / train_seconds if steps_done else 0.0,
