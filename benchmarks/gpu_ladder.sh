@@ -28,7 +28,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from dit_core import bench, memory
+from dit_core.measure import bench, memory
 
 # GPU_LADDER_DRY_RUN=1 runs the same script on the CPU with a tiny latent model (to check the script itself).
 dry = os.environ.get("GPU_LADDER_DRY_RUN", "0") == "1"

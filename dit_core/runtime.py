@@ -212,3 +212,12 @@ def set_tf32(enabled: bool) -> None:
     """Let fp32 matmuls and convolutions use TF32 tensor cores (fp32's range, fp16's precision; GPU only)."""
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until ``device`` has finished its queued work (GPUs run asynchronously); for timing."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -1,5 +1,5 @@
 """The helpers behind chapters 0 and 2 and benchmarks/data_bench.py: JPEG folders, the demo VAE, timing,
-and the matmul precision comparison of dit_core.env."""
+and the matmul precision comparison of dit_core.measure.env."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from PIL import Image
 
 from dit_core import bench_data
 from dit_core.data import ImageFolderDataset
-from dit_core.env import FORMAT_BITS, matmul_benchmark, matmul_modes
+from dit_core.measure.env import FORMAT_BITS, matmul_benchmark, matmul_modes
 from dit_core.vae import SD_VAE_CONFIG, load_vae_or_random, random_vae
 
 

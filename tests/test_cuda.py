@@ -18,7 +18,7 @@ import torch
 
 from dit_core import DiT
 from dit_core.diffusion import create_diffusion
-from dit_core.memory import ModelShape, activation_bytes, measure_saved_per_sample
+from dit_core.measure.memory import ModelShape, activation_bytes, measure_saved_per_sample
 from dit_core.sample import generate
 
 from reference_dit import reference_forward

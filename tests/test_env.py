@@ -1,4 +1,4 @@
-"""dit_core.env: the environment report and the profile it recommends."""
+"""dit_core.measure.env: the environment report and the profile it recommends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from dit_core.cli.env import main as dit_env
 from dit_core import runtime
-from dit_core.env import cpu_info, environment_report, format_report, recommend_profile
+from dit_core.measure.env import cpu_info, environment_report, format_report, recommend_profile
 
 
 def _gpu_report(memory_gib: float, capability: str) -> dict:

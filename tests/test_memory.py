@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from dit_core import memory
-from dit_core.flops import count_params, meta_model
-from dit_core.memory import ModelShape, TrainSetup, activation_bytes, estimate, plan
+from dit_core.measure import memory
+from dit_core.measure.flops import count_params, meta_model
+from dit_core.measure.memory import ModelShape, TrainSetup, activation_bytes, estimate, plan
 from dit_core.models import DiT, DiT_models
 
 TINY = dict(depth=2, hidden_size=64, num_heads=4, patch_size=2, input_size=8, in_channels=4, num_classes=10)

@@ -11,7 +11,7 @@ import torch
 
 from dit_core import DiT, DiT_models
 from dit_core.attention import xformers_available
-from dit_core.flops import PAPER_GMACS_256, PAPER_PARAMS_256, count_params, forward_macs, meta_model
+from dit_core.measure.flops import PAPER_GMACS_256, PAPER_PARAMS_256, count_params, forward_macs, meta_model
 from dit_core.models import sincos_2d
 
 from official_layout import published_layout

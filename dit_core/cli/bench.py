@@ -17,7 +17,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dit_core.bench import RUNGS
+    from dit_core.measure.bench import RUNGS
 
     p = argparse.ArgumentParser(prog="dit-bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.bench import BenchSpec, default_rungs, format_table, resolve_spec, run_benchmark, save_result
+    from dit_core.measure.bench import BenchSpec, default_rungs, format_table, resolve_spec, run_benchmark, save_result
     from dit_core.runtime import resolve_device, set_threads
 
     threads = set_threads(args.threads)

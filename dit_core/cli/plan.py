@@ -5,7 +5,7 @@
     dit-plan --model DiT-B/2 --gpu-memory 40 --global-batch 256 --precision fp32 --json plan.json
 
 The prediction is the sum of weights, gradients, optimizer state, EMA and activations (derived from the
-tensors each DiT block saves for backward; see ``dit_core.memory``), with a margin for the allocator and
+tensors each DiT block saves for backward; see ``dit_core.measure.memory``), with a margin for the allocator and
 the CUDA context.
 """
 
@@ -37,18 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def shape_for(model: str, image_size: int):
-    from dit_core.memory import ModelShape
+    from dit_core.measure.memory import ModelShape
 
     if model.startswith("DiT-"):
         return ModelShape.from_name(model, image_size)
-    from dit_core.bench import profile_shape
+    from dit_core.measure.bench import profile_shape
 
     kwargs, _, _ = profile_shape(model)
     return ModelShape(name=model, **kwargs)
 
 
 def activation_lines(shape, attn: str) -> list[str]:
-    from dit_core.memory import activation_bytes
+    from dit_core.measure.memory import activation_bytes
 
     lines = [f"activations per sample ({attn} attention):   no checkpointing   every block checkpointed"]
     for precision in ("fp32", "bf16"):
@@ -60,7 +60,7 @@ def activation_lines(shape, attn: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.memory import low_memory_options, plan
+    from dit_core.measure.memory import low_memory_options, plan
 
     try:
         shape = shape_for(args.model, args.image_size)

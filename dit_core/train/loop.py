@@ -115,19 +115,22 @@ def is_deterministic(dataset) -> bool:
     return not getattr(base, "flip", False) and not getattr(base, "sample", False)
 
 
-def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
-    """The DiT for this data: a named configuration with the config's overrides, sized to the data."""
+def dit_arguments(cfg: TrainConfig, sample_shape, num_classes: int) -> dict:
+    """The DiT's constructor arguments for this data: a named configuration with the config's overrides,
+    sized to the data (its sample shape and class count)."""
     kwargs = model_kwargs(cfg.model)
     for key in ("depth", "hidden_size", "num_heads", "patch_size"):
         if getattr(cfg, key) is not None:
             kwargs[key] = getattr(cfg, key)
     channels, size, _ = sample_shape
-    return DiT(
-        input_size=size, in_channels=channels, num_classes=num_classes,
-        class_dropout_prob=cfg.class_dropout_prob if num_classes else 0.0,
-        learn_sigma=cfg.learn_sigma, attn_backend=cfg.attn_backend, grad_checkpointing=cfg.grad_checkpointing,
-        **kwargs,
-    )
+    return dict(kwargs, input_size=size, in_channels=channels, num_classes=num_classes,
+                class_dropout_prob=cfg.class_dropout_prob if num_classes else 0.0, learn_sigma=cfg.learn_sigma)
+
+
+def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
+    """The DiT for this data (:func:`dit_arguments`), with the configured attention and checkpointing."""
+    return DiT(**dit_arguments(cfg, sample_shape, num_classes), attn_backend=cfg.attn_backend,
+               grad_checkpointing=cfg.grad_checkpointing)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:

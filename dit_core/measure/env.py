@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .runtime import cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, resolve_device, usable_cores
+from ..runtime import cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, resolve_device, usable_cores
 
 GIB = 1024**3
 
