@@ -6,54 +6,54 @@ import numpy as np
 import pytest
 import torch
 
-from dit_core import evaluate
-from dit_core.digits_eval import load_real_digits
+from dit_core.eval import digits, fid, inception, samples
+from dit_core.eval.digits import load_real_digits
 from dit_core.sample import save_npz, to_uint8
 
 
 def test_frechet_distance_closed_forms():
     # 1-D Gaussians: (m1 - m2)^2 + (s1 - s2)^2
-    assert evaluate.frechet_distance([1.0], [[4.0]], [3.0], [[9.0]]) == pytest.approx(4 + 1)
+    assert fid.frechet_distance([1.0], [[4.0]], [3.0], [[9.0]]) == pytest.approx(4 + 1)
     # commuting (diagonal) covariances: |mu|^2 + sum (sqrt(a) - sqrt(b))^2
     a, b = np.diag([1.0, 4.0, 9.0]), np.diag([4.0, 4.0, 1.0])
     expected = 3.0 + (1 - 2) ** 2 + 0 + (3 - 1) ** 2
-    assert evaluate.frechet_distance(np.ones(3), a, np.zeros(3), b) == pytest.approx(expected)
+    assert fid.frechet_distance(np.ones(3), a, np.zeros(3), b) == pytest.approx(expected)
 
 
 def test_eigh_and_sqrtm_agree_on_rank_deficient_covariances():
     pytest.importorskip("scipy")
     rng = np.random.default_rng(0)
     f1, f2 = rng.normal(size=(20, 32)), rng.normal(size=(25, 32)) * 1.3 + 0.2  # N < D: singular covariances
-    ours = evaluate.frechet_distance_features(f1, f2)
-    theirs = evaluate.frechet_distance_features(f1, f2, method="sqrtm")
+    ours = fid.frechet_distance_features(f1, f2)
+    theirs = fid.frechet_distance_features(f1, f2, method="sqrtm")
     assert ours == pytest.approx(theirs, rel=1e-4)
 
 
 def test_fid_of_a_set_with_itself_is_zero_and_grows_with_noise():
-    from dit_core.digits_eval import classifier
+    from dit_core.eval.digits import classifier
 
     real, _ = load_real_digits("all")
 
     clf = classifier()
     ref = clf.features(real)
-    assert evaluate.frechet_distance_features(ref, ref) == pytest.approx(0, abs=1e-8)
+    assert fid.frechet_distance_features(ref, ref) == pytest.approx(0, abs=1e-8)
     g = torch.Generator().manual_seed(0)
     distances = []
     for sigma in (0.0, 0.1, 0.3, 0.6, 1.0):
         noisy = (real + sigma * torch.randn(real.shape, generator=g)).clamp(-1, 1)
-        distances.append(evaluate.frechet_distance_features(clf.features(noisy), ref))
+        distances.append(fid.frechet_distance_features(clf.features(noisy), ref))
     assert distances[0] == pytest.approx(0, abs=1e-8)
     assert all(b > a for a, b in zip(distances, distances[1:])), distances
 
 
 def test_digits_metrics_on_real_digits():
     images, labels = load_real_digits("val")
-    m = evaluate.digits_metrics(to_uint8(images), labels.numpy())  # uint8 NHWC, as read from an npz
+    m = digits.digits_metrics(to_uint8(images), labels.numpy())  # uint8 NHWC, as read from an npz
     assert m["class_accuracy"] == pytest.approx(m["classifier_val_accuracy"])
     assert m["class_accuracy"] > 0.95
     assert m["frechet_distance"] == pytest.approx(m["real_floor"], rel=1e-3)  # val against train: the floor
     noise = torch.rand(len(images), 1, 8, 8) * 2 - 1
-    assert evaluate.digits_metrics(noise, labels)["frechet_distance"] > 10 * m["real_floor"]
+    assert digits.digits_metrics(noise, labels)["frechet_distance"] > 10 * m["real_floor"]
 
 
 @pytest.fixture(scope="module")
@@ -61,32 +61,32 @@ def inception_file(tmp_path_factory):
     """A random FID Inception saved like the pytorch-fid weights file (no download here). Its batch norms take
     the statistics of one random batch (otherwise the random network's activations die out to zero)."""
     torch.manual_seed(0)
-    model = evaluate.InceptionV3()
+    model = inception.InceptionV3()
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             m.momentum = 1.0
     with torch.no_grad():
         model.train()(torch.rand(2, 3, 32, 32))
-    path = tmp_path_factory.mktemp("inception") / evaluate.INCEPTION_FILE
+    path = tmp_path_factory.mktemp("inception") / inception.INCEPTION_FILE
     torch.save(model.state_dict(), path)
     return path
 
 
 def test_inception_architecture_has_the_fid_network_size():
     # pytorch-fid's FIDInceptionA..E network with its 1008-way fc: 23,850,960 parameters
-    assert sum(p.numel() for p in evaluate.InceptionV3().parameters()) == 23_850_960
+    assert sum(p.numel() for p in inception.InceptionV3().parameters()) == 23_850_960
 
 
 def test_missing_inception_weights_say_how_to_get_them(tmp_path, monkeypatch):
     monkeypatch.delenv("DIT_INCEPTION", raising=False)
     with pytest.raises(FileNotFoundError, match="pt_inception-2015-12-05"):
-        evaluate.load_inception(None)
+        inception.load_inception(None)
     with pytest.raises(FileNotFoundError, match="curl -L"):
-        evaluate.load_inception(tmp_path / "nope.pth")
+        inception.load_inception(tmp_path / "nope.pth")
     bad = tmp_path / "bad.pth"
     torch.save({"conv.weight": torch.zeros(1)}, bad)
     with pytest.raises(ValueError, match="not the FID Inception-v3 weights"):
-        evaluate.load_inception(bad)
+        inception.load_inception(bad)
 
 
 def test_fid_pipeline_end_to_end(tmp_path, inception_file):
@@ -94,10 +94,10 @@ def test_fid_pipeline_end_to_end(tmp_path, inception_file):
     a = rng.integers(0, 256, size=(4, 16, 16, 3), dtype=np.uint8)
     b = np.clip(a.astype(int) + rng.integers(-60, 60, size=a.shape), 0, 255).astype(np.uint8)
     np.savez(tmp_path / "a.npz", arr_0=a)
-    model = evaluate.load_inception(inception_file)
-    same = evaluate.fid(tmp_path / "a.npz", a, inception=model, save_reference_stats=tmp_path / "ref.npz")
+    model = inception.load_inception(inception_file)
+    same = fid.fid(tmp_path / "a.npz", a, inception=model, save_reference_stats=tmp_path / "ref.npz")
     assert same["fid"] == pytest.approx(0, abs=1e-6) and same["num_samples"] == 4
-    other = evaluate.fid(b, tmp_path / "ref.npz", inception=model)  # against saved statistics
+    other = fid.fid(b, tmp_path / "ref.npz", inception=model)  # against saved statistics
     assert other["fid"] > 1e-3 and other["num_reference"] is None
 
 
@@ -108,11 +108,11 @@ def test_load_images_formats(tmp_path):
     arr[1] = 255
     for i, im in enumerate(arr):
         Image.fromarray(im).save(tmp_path / f"{i}.png")
-    images, labels = evaluate.load_images(tmp_path)
+    images, labels = samples.load_images(tmp_path)
     assert images.shape == (3, 4, 4, 3) and labels is None and images[1].min() == 255
     np.save(tmp_path / "x.npy", arr.astype(np.float32))
     with pytest.raises(ValueError, match="uint8"):
-        evaluate.load_images(tmp_path / "x.npy")
+        samples.load_images(tmp_path / "x.npy")
 
 
 def test_dit_eval_cli(tmp_path, capsys, monkeypatch):

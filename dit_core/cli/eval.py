@@ -35,16 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core import evaluate
+    from dit_core.eval import digits, fid, inception, samples
 
     try:
-        images, labels = evaluate.load_images(args.samples)
+        images, labels = samples.load_images(args.samples)
     except (FileNotFoundError, ValueError) as err:
         print(f"dit-eval: {err}", file=sys.stderr)
         return 2
 
     if args.digits:
-        result = evaluate.digits_metrics(images, labels, reference=args.digits_reference)
+        result = digits.digits_metrics(images, labels, reference=args.digits_reference)
         result["samples"] = args.samples
         if labels is None:
             result["note"] = "no labels in the sample file: class accuracy skipped"
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     set_threads()
     device = resolve_device(args.device)
     try:
-        model = evaluate.load_inception(args.inception, device)
+        model = inception.load_inception(args.inception, device)
     except (FileNotFoundError, ValueError) as err:
         hint = ""
         if images.shape[1] <= 32 and images.shape[-1] == 1:
@@ -65,17 +65,17 @@ def main(argv=None) -> int:
         print(f"dit-eval: {err}{hint}", file=sys.stderr)
         return 2
     if args.reference is None:  # one set: its statistics only
-        feats = evaluate.inception_features(images, model, args.batch_size, device, progress=True)
-        mu, sigma = evaluate.feature_statistics(feats)
+        feats = inception.inception_features(images, model, args.batch_size, device, progress=True)
+        mu, sigma = fid.feature_statistics(feats)
         if not args.save_stats:
             print("dit-eval: one set and no --save-stats: pass a reference to compute FID, or --save-stats "
                   "PATH to keep this set's statistics", file=sys.stderr)
             return 2
-        evaluate.save_statistics(args.save_stats, mu, sigma)
+        fid.save_statistics(args.save_stats, mu, sigma)
         _report({"num_samples": len(feats), "saved_stats": args.save_stats}, args.json, ("num_samples", "saved_stats"))
         return 0
     try:
-        result = evaluate.fid(images, args.reference, inception=model, batch_size=args.batch_size, device=device,
+        result = fid.fid(images, args.reference, inception=model, batch_size=args.batch_size, device=device,
                               progress=True, save_reference_stats=args.save_stats)
     except (FileNotFoundError, ValueError) as err:
         print(f"dit-eval: {err}", file=sys.stderr)
