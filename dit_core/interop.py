@@ -297,13 +297,13 @@ def make_scheduler(
     scale = 1000 / num_train_timesteps
     common = dict(num_train_timesteps=num_train_timesteps, beta_start=0.0001 * scale, beta_end=0.02 * scale,
                   beta_schedule=schedule[noise_schedule], prediction_type="epsilon")
-    kind = kind.lower().replace("_", "-")
+    kind = kind.lower()
     if kind == "ddim":
         return DDIMScheduler(**common, clip_sample=clip_sample, set_alpha_to_one=True, steps_offset=0,
                              timestep_spacing="leading")
     if kind == "ddpm":
         return DDPMScheduler(**common, clip_sample=clip_sample, variance_type="fixed_small")
-    if kind in ("dpm", "dpm-solver", "dpm-solver++", "dpmsolver++"):
+    if kind == "dpm-solver++":
         return DPMSolverMultistepScheduler(**common, algorithm_type="dpmsolver++", solver_order=2,
                                            lower_order_final=True, timestep_spacing="linspace")
     raise InteropError(f"unknown scheduler {kind!r}; choose 'ddim', 'ddpm' or 'dpm-solver++'")

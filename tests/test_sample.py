@@ -6,16 +6,8 @@ import torch
 
 from dit_core.diffusion import create_diffusion
 from dit_core.models import DiT
-from dit_core.sample import (
-    ddim_timesteps,
-    generate,
-    load_model,
-    parse_classes,
-    save_grid,
-    save_npz,
-    _guided,
-    _rebuild,
-)
+from dit_core.sample import ddim_timesteps, generate, load_model, parse_classes, save_grid, save_npz
+from dit_core.sample.samplers import _guided, _rebuild
 
 
 def tiny_dit(in_channels=1, num_classes=10, seed=0, input_size=8):

@@ -1,0 +1,14 @@
+"""Generating images from a DiT, and the files they go to.
+
+- :mod:`.samplers`: :func:`generate`: classifier-free guidance, DDPM / DDIM / DPM-Solver++, pixels or VAE
+  latents, reproducible per sample;
+- :mod:`.files`: labelled PNG grids, the FID ``.npz``, opening a checkpoint for sampling (:func:`load_model`).
+
+``dit-sample`` is the command line (:mod:`dit_core.cli.sample`).
+"""
+
+from .files import load_model, make_grid, parse_classes, save_grid, save_npz, to_uint8
+from .samplers import SAMPLERS, ddim_timesteps, dpm_solver_scheduler, generate, respaced
+
+__all__ = ["SAMPLERS", "ddim_timesteps", "dpm_solver_scheduler", "generate", "load_model", "make_grid",
+           "parse_classes", "respaced", "save_grid", "save_npz", "to_uint8"]
