@@ -1,4 +1,4 @@
-"""dit_core.latents: offline VAE loading, resumable extraction, verification, and the latent dataset.
+"""dit_core.latents and dit_core.vae: offline VAE loading, resumable extraction, verification, and the latent dataset.
 
 Every test runs offline: a tiny AutoencoderKL (4 blocks, so the real 8x downsampling, but 8-16 channels)
 is saved with save_pretrained and loaded back through the same load_vae() that takes a hub id.
@@ -17,7 +17,7 @@ from PIL import Image
 
 diffusers = pytest.importorskip("diffusers")
 
-import dit_core.latents as latents  # noqa: E402
+import dit_core.latents.extract as extraction  # noqa: E402
 from dit_core.cli.extract_latents import main as dit_extract  # noqa: E402
 from dit_core.data import ImageFolderDataset  # noqa: E402
 from dit_core.data.check import plant_bad_files  # noqa: E402
@@ -129,7 +129,7 @@ def test_interrupted_extraction_resumes_bit_for_bit(full_run, images_dir, vae_di
     assert not first["complete"] and first["done"] == 12
     # 2) crash in the middle of shard 1 (an exception from the encoder, as a kill would leave it)
     calls = {"n": 0}
-    real = latents.encode_moments
+    real = extraction.encode_moments
 
     def crashing(*args, **kwargs):
         calls["n"] += 1
@@ -137,7 +137,7 @@ def test_interrupted_extraction_resumes_bit_for_bit(full_run, images_dir, vae_di
             raise RuntimeError("power cut (simulated)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(latents, "encode_moments", crashing)
+    monkeypatch.setattr(extraction, "encode_moments", crashing)
     with pytest.raises(RuntimeError, match="power cut"):
         extract_latents(images_dir, out, vae=str(vae_dir), **KW)
     monkeypatch.undo()
@@ -162,13 +162,13 @@ def test_interrupted_extraction_resumes_bit_for_bit(full_run, images_dir, vae_di
 
 def test_crash_between_shard_rename_and_state_write_resumes(full_run, images_dir, vae_dir, tmp_path, monkeypatch):
     out = tmp_path / "renamed"
-    real = latents._finish_shard
+    real = extraction._finish_shard
 
     def finish_then_die(out_dir, shard):
         real(out_dir, shard)  # the shard is renamed into place ...
         raise KeyboardInterrupt  # ... and the process dies before state.json records it
 
-    monkeypatch.setattr(latents, "_finish_shard", finish_then_die)
+    monkeypatch.setattr(extraction, "_finish_shard", finish_then_die)
     with pytest.raises(KeyboardInterrupt):
         extract_latents(images_dir, out, vae=str(vae_dir), **KW)
     monkeypatch.undo()

@@ -1,28 +1,19 @@
-"""VAE latents: load the autoencoder, pre-extract every image once, and read the latents fast.
+"""Pre-extraction: encode every image of an ImageFolder once with the VAE and store its posterior moments.
 
-DiT is a latent diffusion model: it denoises the 4 x H/8 x W/8 latents of Stable Diffusion's VAE, not
-pixels (Peebles & Xie 2023, Sec. 3; Rombach et al. 2022). Running the VAE encoder inside the training loop
-costs as much as a large part of the DiT step, so fast-DiT encodes the dataset once and trains on the
-stored latents. This module does that, with three changes to the public recipe:
+Running the VAE encoder inside the training loop costs as much as a large part of the DiT step, so fast-DiT
+encodes the dataset once and trains on the stored latents. :func:`extract_latents` does that, with three
+changes to the public recipe:
 
 - **moments, not samples.** The encoder returns a Gaussian posterior (mean, std) per image. We store both,
-  and :class:`LatentDataset` draws ``mean + std * noise`` afresh at every access, as training through the
-  VAE would. The public pre-extraction stores one draw per image and reuses it every epoch.
+  and :class:`~dit_core.latents.LatentDataset` draws ``mean + std * noise`` afresh at every access, as
+  training through the VAE would. The public pre-extraction stores one draw per image and reuses it.
 - **both flips.** The VAE is not mirror symmetric (the latent of a flipped image is not the flipped latent),
   so we encode the image and its mirror; the dataset picks one at random at each access.
-- **a few large shards.** Moments live in numpy ``.npy`` shards of about 1 GiB read through ``np.memmap``,
-  plus ``labels.npy``, ``valid.npy`` and a ``manifest.json``, instead of one small file per image.
+- **a few large shards** (:mod:`.store`) instead of one small file per image.
 
-Latents are stored already multiplied by the scale factor 0.18215 (``manifest["scaled"]`` is true), the
-constant that gives SD-VAE latents roughly unit variance; divide by it before decoding.
-
-Extraction is batched, shows a progress bar, resumes after an interruption with a result identical to an
-uninterrupted run (batches are aligned to fixed positions, so each image is encoded in the same batch),
-writes every file atomically, and ``verify()`` re-checks shapes, checksums and values.
-
-Pixel-space profiles (the digits default) need none of this: :func:`open_dataset` returns an
-:class:`~dit_core.data.ImageFolderDataset` for an image folder and a :class:`LatentDataset` for an
-extraction folder, so the trainer calls one function for both.
+Latents are stored already multiplied by the scale factor 0.18215 (``manifest["scaled"]`` is true). Extraction
+is batched, shows a progress bar, and resumes after an interruption with a result identical to an
+uninterrupted run (batches are aligned to fixed positions, so each image is encoded in the same batch).
 """
 
 from __future__ import annotations
@@ -37,25 +28,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .atomic import atomic_write, atomic_write_text
-from .data.images import ImageFolderDataset
-from .runtime import DTYPES, resolve_device, resolve_precision, usable_cores
-from .vae import DEFAULT_VAE, downsample_factor, encode_moments, load_vae, vae_scale
-
-FORMAT = "dit-latents"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-STATE = "state.json"  # exists while an extraction is in progress
-STORAGE_DTYPES = ("float16", "float32")
-SHARD_BYTES = 1 << 30  # aim for about 1 GiB per shard file
-
-
-class LatentFormatError(ValueError):
-    """An extraction folder is missing, incomplete, or does not match the requested settings."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Extraction
+from ..data.images import ImageFolderDataset
+from ..runtime import DTYPES, resolve_device, resolve_precision, usable_cores
+from ..vae import DEFAULT_VAE, downsample_factor, encode_moments, load_vae, vae_scale
+from .store import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    SHARD_BYTES,
+    STATE,
+    STORAGE_DTYPES,
+    LatentFormatError,
+    save_npy,
+    sha256_file,
+    shard_names,
+    write_json,
+)
 
 
 class _ExtractionImages(torch.utils.data.Dataset):
@@ -91,26 +79,6 @@ def dataset_fingerprint(images: ImageFolderDataset) -> str:
             size = -1
         h.update(f"{rel}\t{label}\t{size}\n".encode())
     return h.hexdigest()
-
-
-def _write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    atomic_write(path, lambda f: np.save(f, arr))
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 16 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _shard_names(index: int) -> tuple[str, str]:
-    return f"mean-{index:05d}.npy", f"std-{index:05d}.npy"
 
 
 def extract_latents(
@@ -260,7 +228,7 @@ def extract_latents(
             if state["done"] == min(count, (shard + 1) * shard_size):
                 open_shard = None  # close the memmaps before the rename
                 state["shards"].append(_finish_shard(out_dir, shard))
-            _write_json(out_dir / STATE, state)
+            write_json(out_dir / STATE, state)
             if bar is not None:
                 bar.update(n)
     except KeyboardInterrupt:
@@ -271,7 +239,7 @@ def extract_latents(
             bar.close()
     state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - t0
     if state["done"] < count:
-        _write_json(out_dir / STATE, state)
+        write_json(out_dir / STATE, state)
         return {**state, "complete": False}
     return _finish(out_dir, state, np.asarray(images.targets, dtype=np.int64))
 
@@ -322,7 +290,7 @@ def _start_or_resume(out_dir: Path, config: dict, resume: bool, overwrite: bool)
             raise LatentFormatError(f"{out_dir} is not empty and holds no extraction; choose an empty or new folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {**config, "done": 0, "failed": [], "shards": [], "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    _write_json(out_dir / STATE, state)
+    write_json(out_dir / STATE, state)
     return state
 
 
@@ -338,7 +306,7 @@ def _clear(out_dir: Path) -> None:
 def _open_partial(out_dir: Path, shard: int, rows: int, latent_shape, storage_dtype: str):
     """Open (or create) the memmaps a shard is written into; they carry a .partial suffix until complete."""
     arrays = []
-    for name in _shard_names(shard):
+    for name in shard_names(shard):
         path = out_dir / (name + ".partial")
         shape = (rows, 2, *latent_shape)
         if not path.exists() and (out_dir / name).exists():
@@ -358,7 +326,7 @@ def _open_partial(out_dir: Path, shard: int, rows: int, latent_shape, storage_dt
 def _finish_shard(out_dir: Path, shard: int) -> dict:
     """Checksum a complete shard and rename it into place."""
     record = {"index": shard}
-    for key, name in zip(("mean", "std"), _shard_names(shard)):
+    for key, name in zip(("mean", "std"), shard_names(shard)):
         partial = out_dir / (name + ".partial")
         with open(partial, "rb+") as f:
             os.fsync(f.fileno())
@@ -372,8 +340,8 @@ def _finish(out_dir: Path, state: dict, labels: np.ndarray) -> dict:
     """Write labels, the validity mask and the manifest; remove the progress state."""
     valid = np.ones(state["count"], dtype=bool)
     valid[state["failed"]] = False
-    _save_npy(out_dir / "labels.npy", labels)
-    _save_npy(out_dir / "valid.npy", valid)
+    save_npy(out_dir / "labels.npy", labels)
+    save_npy(out_dir / "valid.npy", valid)
     manifest = {k: v for k, v in state.items() if k not in ("done", "failed")}
     manifest.update(
         labels="labels.npy",
@@ -384,199 +352,6 @@ def _finish(out_dir: Path, state: dict, labels: np.ndarray) -> dict:
         valid_sha256=sha256_file(out_dir / "valid.npy"),
         finished=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-    _write_json(out_dir / MANIFEST, manifest)
+    write_json(out_dir / MANIFEST, manifest)
     (out_dir / STATE).unlink(missing_ok=True)
     return {**manifest, "complete": True}
-
-
-# --------------------------------------------------------------------------------------------------
-# Verification
-
-
-def read_manifest(path: str | os.PathLike) -> dict:
-    """The manifest of a finished extraction; a clear error for a missing or unfinished one."""
-    path = Path(path)
-    if (path / MANIFEST).is_file():
-        manifest = json.loads((path / MANIFEST).read_text())
-        if manifest.get("format") != FORMAT:
-            raise LatentFormatError(
-                f"{path / MANIFEST} is not a latent extraction manifest (format {manifest.get('format')!r})"
-            )
-        return manifest
-    if (path / STATE).is_file():
-        state = json.loads((path / STATE).read_text())
-        raise LatentFormatError(
-            f"the extraction in {path} is unfinished ({state.get('done')} of {state.get('count')} images); "
-            "run the same dit-extract-latents command again to resume it"
-        )
-    raise LatentFormatError(
-        f"no latents in {str(path)!r} (no {MANIFEST}); create them with "
-        f"`dit-extract-latents --data-path DATA --out {path}`, or train in pixel space on an image folder"
-    )
-
-
-def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = True, chunk: int = 4096) -> list[str]:
-    """Check a finished extraction; returns the problems found (an empty list means it is sound).
-
-    Checks the manifest, that every shard exists with the recorded shape and dtype, its sha256 against
-    the manifest (``checksums``), labels and validity mask, and that every stored mean is finite and
-    every std finite and non-negative (``values``, read in chunks of ``chunk`` images).
-    """
-    out_dir = Path(out_dir)
-    try:
-        m = read_manifest(out_dir)
-    except (LatentFormatError, ValueError) as err:
-        return [str(err)]
-    problems = []
-    count, shard_size, shape = m["count"], m["shard_size"], tuple(m["latent_shape"])
-    expected_shards = (count + shard_size - 1) // shard_size
-    if len(m["shards"]) != expected_shards:
-        problems.append(f"manifest lists {len(m['shards'])} shards, {expected_shards} expected for {count} images")
-    for key in ("labels", "valid"):
-        path = out_dir / m[key]
-        if not path.is_file():
-            problems.append(f"{m[key]} is missing")
-            continue
-        if checksums and sha256_file(path) != m[f"{key}_sha256"]:
-            problems.append(f"{m[key]}: checksum mismatch (the file changed after extraction)")
-            continue
-        arr = np.load(path)
-        if arr.shape != (count,):
-            problems.append(f"{m[key]}: shape {arr.shape}, expected ({count},)")
-        elif key == "labels" and count and (arr.min() < 0 or arr.max() >= m["num_classes"]):
-            problems.append(f"labels.npy: labels outside 0..{m['num_classes'] - 1}")
-        elif key == "valid" and int(arr.sum()) != m["num_valid"]:
-            problems.append(f"valid.npy: {int(arr.sum())} valid images, manifest says {m['num_valid']}")
-    for rec in m["shards"]:
-        rows = min(shard_size, count - rec["index"] * shard_size)
-        for key in ("mean", "std"):
-            path = out_dir / rec[key]
-            if not path.is_file():
-                problems.append(f"{rec[key]} is missing")
-                continue
-            if checksums and sha256_file(path) != rec[f"{key}_sha256"]:
-                problems.append(f"{rec[key]}: checksum mismatch (corrupted or modified after extraction)")
-                continue
-            try:
-                arr = np.load(path, mmap_mode="r")
-            except (ValueError, OSError) as err:
-                problems.append(f"{rec[key]}: unreadable ({err})")
-                continue
-            if arr.shape != (rows, 2, *shape) or arr.dtype != np.dtype(m["storage_dtype"]):
-                expected = f"{(rows, 2, *shape)} {m['storage_dtype']}"
-                problems.append(f"{rec[key]}: shape {arr.shape} {arr.dtype}, expected {expected}")
-                continue
-            if values:
-                for lo in range(0, rows, chunk):
-                    block = np.asarray(arr[lo : lo + chunk], dtype=np.float32)
-                    if not np.isfinite(block).all():
-                        problems.append(f"{rec[key]}: non-finite values near image {rec['index'] * shard_size + lo}")
-                        break
-                    if key == "std" and (block < 0).any():
-                        problems.append(f"{rec[key]}: negative std near image {rec['index'] * shard_size + lo}")
-                        break
-    return problems
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading
-
-
-class LatentDataset(torch.utils.data.Dataset):
-    """Pre-extracted latents for training: ``dataset[i]`` is ``(z, label)``.
-
-    ``z`` is a float32 tensor ``latent_shape`` (C, H/8, W/8), already scaled by 0.18215. With ``flip``, the
-    plain or the mirrored image is picked at random at each access; with ``sample``, a fresh posterior
-    draw ``mean + std * noise`` is returned (``sample=False`` returns the mean). Randomness comes from
-    torch's generator, so DataLoader workers are seeded as usual. Images that failed to decode during
-    extraction are left out.
-
-    Attributes: ``classes``, ``num_classes``, ``latent_shape`` (= ``sample_shape``), ``scale``, ``vae``
-    (the VAE id that decodes them), ``manifest``, ``targets``.
-    """
-
-    def __init__(self, path: str | os.PathLike, flip: bool = True, sample: bool = True):
-        self.path = Path(path)
-        self.manifest = read_manifest(self.path)
-        self.flip = flip
-        self.sample = sample
-        self.classes = list(self.manifest["classes"])
-        self.latent_shape = tuple(self.manifest["latent_shape"])
-        self.scale = float(self.manifest["scale"])
-        self.vae = self.manifest["vae"]
-        self.shard_size = int(self.manifest["shard_size"])
-        labels = np.load(self.path / self.manifest["labels"])
-        valid = np.load(self.path / self.manifest["valid"])
-        self.indices = np.flatnonzero(valid)
-        self.labels = labels
-        self.targets = labels[self.indices].tolist()
-        self._shards = None  # opened lazily, once per process (memmaps must not be pickled to workers)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.latent_shape
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def _open(self):
-        self._shards = [
-            (np.load(self.path / rec["mean"], mmap_mode="r"), np.load(self.path / rec["std"], mmap_mode="r"))
-            for rec in sorted(self.manifest["shards"], key=lambda r: r["index"])
-        ]
-        return self._shards
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_shards"] = None
-        return state
-
-    def moments(self, index: int, view: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored mean and std (float32) of image ``index`` for view 0 (plain) or 1 (mirrored)."""
-        shards = self._shards or self._open()
-        j = int(self.indices[index])
-        mean, std = shards[j // self.shard_size]
-        row = j % self.shard_size
-        return torch.from_numpy(mean[row, view].astype(np.float32)), torch.from_numpy(std[row, view].astype(np.float32))
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        view = int(torch.randint(2, ())) if self.flip else 0
-        mean, std = self.moments(index, view)
-        z = mean + std * torch.randn(mean.shape) if self.sample else mean
-        return z, int(self.labels[self.indices[index]])
-
-    def __repr__(self) -> str:
-        return (
-            f"LatentDataset(path={str(self.path)!r}, images={len(self)}, classes={self.num_classes}, "
-            f"latent_shape={self.latent_shape}, vae={self.vae!r}, flip={self.flip}, sample={self.sample})"
-        )
-
-
-def open_dataset(
-    path: str | os.PathLike,
-    image_size: int | None = None,
-    mode: str = "RGB",
-    flip: bool = True,
-    split: str | None = None,
-    sample: bool = True,
-):
-    """The training dataset behind ``path``: latents if it is an extraction folder, images otherwise.
-
-    - a folder with ``manifest.json`` from :func:`extract_latents` -> :class:`LatentDataset` (latent-space
-      DiT; sample with the VAE named in ``dataset.vae``);
-    - an ImageFolder -> :class:`~dit_core.data.ImageFolderDataset` at ``image_size`` (pixel-space DiT, as
-      the digits profile trains: no VAE at all).
-
-    Both return ``(x, label)`` and have ``classes``, ``num_classes`` and ``sample_shape`` (C, H, W), so a
-    trainer builds the model from ``sample_shape`` and never needs to know which one it got.
-    """
-    path = Path(path)
-    if (path / MANIFEST).is_file() or (path / STATE).is_file():
-        return LatentDataset(path, flip=flip, sample=sample)
-    if image_size is None:
-        raise ValueError(f"{path} is an image folder: pass image_size (the pixel size to train at)")
-    return ImageFolderDataset(path, image_size, split=split, mode=mode, flip=flip)
