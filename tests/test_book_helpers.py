@@ -5,14 +5,15 @@ import inspect
 import pytest
 
 from dit_core import book
+from dit_core.book import notebooks
 
 
 def test_source_of_dotted_name_matches_the_file():
     src = book.source_of("dit_core.book.smoke_mode")
     assert src.name == "dit_core.book.smoke_mode"
-    assert src.path == "dit_core/book.py"
+    assert src.path == "dit_core/book/notebooks.py"
     assert src.text.startswith("def smoke_mode(")
-    file_lines = inspect.getsource(book).splitlines()
+    file_lines = inspect.getsource(notebooks).splitlines()
     # first_line/last_line point at the real lines of the file
     assert file_lines[src.first_line - 1].startswith("def smoke_mode(")
     assert file_lines[src.last_line - 1].strip() == src.text.rstrip().splitlines()[-1].strip()
@@ -21,7 +22,7 @@ def test_source_of_dotted_name_matches_the_file():
 def test_source_of_method_instance_and_property():
     method = book.source_of(book.SourceView._repr_html_)
     assert method.text.startswith("def _repr_html_(self)")  # dedented
-    assert method.name == "dit_core.book.SourceView._repr_html_"
+    assert method.name == "dit_core.book.source.SourceView._repr_html_"
     inst = book.source_of(book.SourceView(method))
     assert inst.text.startswith("class SourceView")
     prop = book.source_of(book.Source.last_line)
@@ -30,7 +31,7 @@ def test_source_of_method_instance_and_property():
 
 def test_show_source_outside_ipython_returns_plain_text():
     text = book.show_source(book.smoke_mode)
-    assert text.splitlines()[0].startswith("# dit_core.book.smoke_mode  (dit_core/book.py, lines ")
+    assert text.splitlines()[0].startswith("# dit_core.book.notebooks.smoke_mode  (dit_core/book/notebooks.py, lines ")
     assert "def smoke_mode(default: bool = False) -> bool:" in text
     # a name the book re-exports is shown where it lives
     assert book.show_source(book.set_threads).startswith("# dit_core.runtime.set_threads  (dit_core/runtime.py")
@@ -81,4 +82,4 @@ def test_strip_outputs_clears_outputs_and_widget_state(tmp_path):
     assert clean.cells[0].outputs == [] and clean.cells[0].execution_count is None
     assert "widgets" not in clean.metadata
     assert book.strip_outputs(path) is False  # idempotent
-    assert book._main(["strip-outputs", str(path)]) == 0
+    assert notebooks.main(["strip-outputs", str(path)]) == 0

@@ -1,13 +1,7 @@
-"""Helpers for the book's notebooks.
+"""Showing library code in the chapters: :func:`show_source` renders the code that actually runs.
 
-The chapters never copy library code into cells: they call :func:`show_source` to render the code that
-actually runs. Each chapter's ``parameters`` cell defines ``SMOKE = False`` plus its cost knobs; the smoke
-tests (tests/test_notebooks.py) inject ``SMOKE = True`` with papermill, and :func:`smoke_mode` lets a reader or
-a quick book build ask for the same tiny settings through the ``DIT_SMOKE`` environment variable.
-:func:`set_threads` (from :mod:`dit_core.runtime`, where the library's command lines use it too) picks a
-sensible number of CPU threads for torch.
-
-Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit.
+The chapters never copy library code into cells; they call ``show_source(obj)`` (a class, function, method,
+module, or the dotted name of one), which displays it syntax-highlighted with its file and line numbers.
 """
 
 from __future__ import annotations
@@ -15,41 +9,12 @@ from __future__ import annotations
 import html
 import importlib
 import inspect
-import os
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runtime import set_threads  # noqa: F401 - the chapters import it from here
 
-SMOKE_ENV = "DIT_SMOKE"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
-
-
-# --------------------------------------------------------------------------------------------- smoke mode
-def smoke_mode(default: bool = False) -> bool:
-    """Whether a notebook should pick tiny settings (a few steps, a tiny model).
-
-    Reads the ``DIT_SMOKE`` environment variable ("1"/"true"/"yes"/"on" or "0"/"false"/"no"/"off");
-    returns ``default`` when it is unset. A chapter combines it with its parameter:
-    ``SMOKE = SMOKE or smoke_mode()``.
-    """
-    value = os.environ.get(SMOKE_ENV)
-    if value is None:
-        return bool(default)
-    value = value.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r} is not a yes/no value; set it to 1 (tiny settings) or 0 (full)"
-    )
-
-
-# --------------------------------------------------------------------------------------------- source
 @dataclass(frozen=True)
 class Source:
     """The source code of one object, with where it lives."""
@@ -182,7 +147,7 @@ def show_source(obj, *, collapsed: bool = False):
     None; elsewhere it returns the plain text (header line + code). ``collapsed=True`` folds long code under a
     clickable title.
 
-    >>> show_source("dit_core.book.smoke_mode")      # doctest: +SKIP
+    >>> show_source("dit_core.models.DiT.forward")      # doctest: +SKIP
     """
     view = SourceView(source_of(obj), collapsed=collapsed)
     if _in_ipython():
@@ -191,47 +156,3 @@ def show_source(obj, *, collapsed: bool = False):
         display(view)
         return None
     return str(view.source)
-
-
-# --------------------------------------------------------------------------------------------- hygiene
-def strip_outputs(path) -> bool:
-    """Clear outputs, execution counts and saved widget state of one notebook in place.
-
-    Returns True when the file changed. Notebooks are committed without outputs (tests/test_hygiene.py).
-    """
-    import nbformat
-
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    before = nbformat.writes(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-        for key in ("execution", "papermill", "collapsed", "scrolled"):
-            cell.metadata.pop(key, None)
-    for key in ("widgets", "papermill"):
-        nb.metadata.pop(key, None)
-    if nbformat.writes(nb) == before:
-        return False
-    nbformat.write(nb, path)
-    return True
-
-
-def _main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m dit_core.book", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    strip = sub.add_parser("strip-outputs", help="clear outputs of notebooks in place (before a commit)")
-    strip.add_argument("notebooks", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    for nb in args.notebooks:
-        if not nb.is_file():
-            parser.error(f"{nb}: no such notebook")
-        print(f"{nb}: {'stripped' if strip_outputs(nb) else 'already clean'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
