@@ -1,6 +1,6 @@
 """Beyond one GPU: the same training loop in several processes with DistributedDataParallel (DDP).
 
-``torchrun --nproc_per_node N -m dit_core.train.cli ...`` starts N copies of the trainer and sets ``RANK``,
+``torchrun --nproc_per_node N -m dit_core.train ...`` starts N copies of the trainer and sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous address in their environment. Each process then
 
 1. joins the process group (NCCL between GPUs, gloo on the CPU) and takes GPU ``LOCAL_RANK``;
