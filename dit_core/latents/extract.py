@@ -31,19 +31,8 @@ import torch
 from ..data.images import ImageFolderDataset
 from ..runtime import DTYPES, resolve_device, resolve_precision, usable_cores
 from ..vae import DEFAULT_VAE, downsample_factor, encode_moments, load_vae, vae_scale
-from .store import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST,
-    SHARD_BYTES,
-    STATE,
-    STORAGE_DTYPES,
-    LatentFormatError,
-    save_npy,
-    sha256_file,
-    shard_names,
-    write_json,
-)
+from .store import FORMAT, FORMAT_VERSION, MANIFEST, SHARD_BYTES, STATE, STORAGE_DTYPES, LatentFormatError
+from .store import save_npy, sha256_file, shard_names, write_json
 
 
 class _ExtractionImages(torch.utils.data.Dataset):

@@ -72,6 +72,15 @@ def read_manifest(path: str | os.PathLike) -> dict:
     )
 
 
+def _file_problem(path: Path, sha256: str, checksums: bool) -> str | None:
+    """Why a file the manifest records cannot be trusted (missing, or changed since it was written), or None."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    if checksums and sha256_file(path) != sha256:
+        return f"{path.name}: checksum mismatch (corrupted or modified after extraction)"
+    return None
+
+
 def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = True, chunk: int = 4096) -> list[str]:
     """Check a finished extraction; returns the problems found (an empty list means it is sound).
 
@@ -91,11 +100,9 @@ def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = Tr
         problems.append(f"manifest lists {len(m['shards'])} shards, {expected_shards} expected for {count} images")
     for key in ("labels", "valid"):
         path = out_dir / m[key]
-        if not path.is_file():
-            problems.append(f"{m[key]} is missing")
-            continue
-        if checksums and sha256_file(path) != m[f"{key}_sha256"]:
-            problems.append(f"{m[key]}: checksum mismatch (the file changed after extraction)")
+        problem = _file_problem(path, m[f"{key}_sha256"], checksums)
+        if problem:
+            problems.append(problem)
             continue
         arr = np.load(path)
         if arr.shape != (count,):
@@ -108,11 +115,9 @@ def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = Tr
         rows = min(shard_size, count - rec["index"] * shard_size)
         for key in ("mean", "std"):
             path = out_dir / rec[key]
-            if not path.is_file():
-                problems.append(f"{rec[key]} is missing")
-                continue
-            if checksums and sha256_file(path) != rec[f"{key}_sha256"]:
-                problems.append(f"{rec[key]}: checksum mismatch (corrupted or modified after extraction)")
+            problem = _file_problem(path, rec[f"{key}_sha256"], checksums)
+            if problem:
+                problems.append(problem)
                 continue
             try:
                 arr = np.load(path, mmap_mode="r")
