@@ -66,12 +66,28 @@ def test_random_vae_architectures_and_encoder_cost():
     assert bench_data.encoder_macs(sd, 256) / 1e9 == pytest.approx(136.4, rel=0.01)
 
 
-def test_rate_and_loader_rate_count_calls_and_samples():
+class Clock:
+    """A stand-in for the time module whose clock advances one second at every reading."""
+
+    def __init__(self):
+        self.now = -1.0
+
+    def perf_counter(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_rate_and_loader_rate_count_calls_and_samples(monkeypatch):
+    monkeypatch.setattr(bench_data, "time", Clock())
     calls = []
-    per_second = bench_data.rate(calls.append, 5, min_seconds=0.0)
-    assert calls[:6] == [0, 0, 1, 2, 3, 4] and per_second > 0  # one warm-up call, then 5 timed ones
+    # one warm-up call, then 5 timed ones between a clock reading before, one for the time limit and one after
+    assert bench_data.rate(calls.append, 5, min_seconds=0.0) == 5 / 2
+    assert calls == [0, 0, 1, 2, 3, 4]
+    calls.clear()  # fewer calls than min_seconds asks for: it keeps calling until the time is up
+    assert bench_data.rate(calls.append, 1, min_seconds=3.0) == 3 / 4 and calls == [0, 0, 1, 2]
     data = torch.utils.data.TensorDataset(torch.zeros(10, 2), torch.zeros(10))
-    assert bench_data.loader_rate(data, batch_size=4, workers=0, batches=3) > 0
+    # the clock starts after the first batch: 3 batches of 4 in the one timed second
+    assert bench_data.loader_rate(data, batch_size=4, workers=0, batches=3) == 12
     with pytest.raises(ValueError):
         bench_data.rate(calls.append, 0)
 
@@ -83,7 +99,7 @@ def test_matmul_benchmark_orders_formats_by_mantissa_bits():
     err = {m: r["rel_error"] for m, r in result.items()}
     # relative rounding error ~ 2^-(mantissa bits + 1): fp32 23 bits, fp16 10, bf16 7
     assert err["fp32"] < 1e-6 < 1e-4 < err["fp16"] < 1e-3 < err["bf16"] < 1e-2
-    assert all(r["tflops"] > 0 and r["ms"] > 0 for r in result.values())
+    assert all(r["tflops"] == pytest.approx(2 * 128**3 / (r["ms"] / 1e3) / 1e12) for r in result.values())
     assert FORMAT_BITS["tf32"][2] == FORMAT_BITS["fp16"][2] and FORMAT_BITS["tf32"][1] == FORMAT_BITS["fp32"][1]
     with pytest.raises(ValueError, match="TF32 needs a CUDA GPU"):
         matmul_benchmark(8, modes=["tf32"], device="cpu")

@@ -76,8 +76,17 @@ def test_format_report_for_a_gpu_machine():
 
 
 def test_dit_env_cli(capsys):
+    from dit_core.train.config import profiles
+
     assert dit_env(["--json", "--no-probe"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["profile"] == recommend_profile(report)
+    assert report["torch"] == torch.__version__ and report["attention"] == {}  # --no-probe runs no kernel
+    assert report["cpu"]["usable_cores"] == runtime.usable_cores()
+    if torch.cuda.is_available():
+        assert report["profile"] in profiles() and report["profile"] != "digits"
+    else:
+        assert report["profile"] == "digits" and report["gpus"] == []
     assert dit_env([]) == 0
-    assert "profile" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"profile           {report['profile']}" in text
+    assert "attention         " in text and "math: yes" in text  # without --no-probe the kernels are run
