@@ -90,11 +90,13 @@ def main(argv=None) -> int:
 
     vae = None
     if info.get("space") == "latent":
+        from dit_core.runtime import DTYPES
         from dit_core.vae import VAENotFoundError, load_vae
 
         name = args.vae or info.get("vae")
         try:
-            vae = load_vae(name, device=device, dtype=torch.float16 if device.type == "cuda" else torch.float32)
+            # the decoder's weights in the VAE's precision: fp16 on a GPU, fp32 elsewhere
+            vae = load_vae(name, device=device, dtype=DTYPES[resolve_precision("auto", device, "vae")])
         except (VAENotFoundError, OSError, ValueError) as err:
             print(f"dit-sample: this is a latent model and its VAE cannot be loaded: {err}", file=sys.stderr)
             return 2

@@ -229,7 +229,8 @@ class GaussianDiffusion:
             noise = torch.randn_like(x_start)
         if noise.shape != x_start.shape:
             raise ValueError(f"noise has shape {tuple(noise.shape)} but x_start has {tuple(x_start.shape)}.")
-        return self._at("sqrt_alpha_bar", t, x_start) * x_start + self._at("sqrt_one_minus_alpha_bar", t, x_start) * noise
+        signal, noise_scale = self._at("sqrt_alpha_bar", t, x_start), self._at("sqrt_one_minus_alpha_bar", t, x_start)
+        return signal * x_start + noise_scale * noise
 
     def q_posterior_mean_variance(self, x_start, x_t, t):
         """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0) (DDPM eqs. 6-7)."""
@@ -299,7 +300,8 @@ class GaussianDiffusion:
         if self.model_mean_type == ModelMeanType.PREVIOUS_X:
             x0, mean = finish(self._x0_from_mean(x, t, prediction)), prediction
         else:
-            x0 = finish(prediction if self.model_mean_type == ModelMeanType.START_X else self._x0_from_eps(x, t, prediction))
+            predicts_x0 = self.model_mean_type == ModelMeanType.START_X
+            x0 = finish(prediction if predicts_x0 else self._x0_from_eps(x, t, prediction))
             # The mean of p is the posterior mean with the predicted x_0 plugged in (DDPM eq. 7 / 11).
             mean = self.q_posterior_mean_variance(x0, x, t)[0]
         return {"mean": mean, "variance": variance, "log_variance": log_variance, "pred_xstart": x0}
@@ -473,7 +475,8 @@ class GaussianDiffusion:
         Shape (N,)."""
         true_mean, _, true_log_variance = self.q_posterior_mean_variance(x_start, x_t, t)
         kl = mean_flat(normal_kl(true_mean, true_log_variance, reverse["mean"], reverse["log_variance"]))
-        nll = -discretized_gaussian_log_likelihood(x_start, means=reverse["mean"], log_scales=0.5 * reverse["log_variance"])
+        nll = -discretized_gaussian_log_likelihood(x_start, means=reverse["mean"],
+                                                   log_scales=0.5 * reverse["log_variance"])
         return torch.where(t == 0, mean_flat(nll), kl) / math.log(2.0)
 
     def training_losses(self, model, x_start, t, model_kwargs=None, noise=None):

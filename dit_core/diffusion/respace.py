@@ -111,7 +111,7 @@ class SpacedDiffusion(GaussianDiffusion):
 
     def _model_steps(self, t):
         """Step i of this shorter process is step ``timestep_map[i]`` of the one the model was trained on."""
-        steps = self._step_maps.get((t.device, t.dtype))
-        if steps is None:
-            steps = self._step_maps[(t.device, t.dtype)] = torch.tensor(self.timestep_map, dtype=t.dtype, device=t.device)
-        return steps[t]
+        key = (t.device, t.dtype)
+        if key not in self._step_maps:
+            self._step_maps[key] = torch.tensor(self.timestep_map, dtype=t.dtype, device=t.device)
+        return self._step_maps[key][t]

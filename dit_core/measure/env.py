@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from ..runtime import cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, resolve_device, usable_cores
+from ..runtime import DTYPES, cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, resolve_device, resolve_precision
+from ..runtime import usable_cores
 
 GIB = 1024**3
 
@@ -84,10 +85,7 @@ def attention_backends(device: str | torch.device | None = None) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     device = resolve_device(device)
-    if device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.float32
+    dtype = DTYPES[resolve_precision("auto", device, "reduced")] if device.type == "cuda" else torch.float32
     q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
     result = {}
     names = {
@@ -287,7 +285,7 @@ def matmul_benchmark(n: int = 1024, modes=None, device: str | torch.device | Non
     a = torch.randn(n, n, generator=gen).to(device)
     b = torch.randn(n, n, generator=gen).to(device)
     reference = a.double() @ b.double()
-    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = {**DTYPES, "tf32": torch.float32}
     cuda = device.type == "cuda"
     saved = torch.backends.cuda.matmul.allow_tf32
     result = {}

@@ -43,7 +43,7 @@ from .probes import (
 __all__ = [
     "ATTENTION", "BLOCK_SAVED", "EMA_PLACES", "GIB", "OPTIMIZERS", "PRECISIONS", "VAE_PARAMS", "VAE_PEAK_MAPS",
     "ActivationEstimate", "MemoryEstimate", "ModelShape", "TrainSetup", "activation_bytes", "block_saved_table",
-    "estimate", "format_bytes", "optimizer_state_bytes", "param_counts", "relative_error", "GPU_MEMORY_GIB", "Plan", "low_memory_options",
-    "parse_memory", "plan", "relative_step_time", "TensorMemoryTracker", "measure_saved_bytes",
-    "measure_saved_per_sample", "optimizer_tensors", "simulate_peak", "tensor_bytes",
+    "estimate", "format_bytes", "optimizer_state_bytes", "param_counts", "relative_error", "GPU_MEMORY_GIB",
+    "Plan", "low_memory_options", "parse_memory", "plan", "relative_step_time", "TensorMemoryTracker",
+    "measure_saved_bytes", "measure_saved_per_sample", "optimizer_tensors", "simulate_peak", "tensor_bytes",
 ]
