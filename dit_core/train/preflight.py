@@ -1,0 +1,268 @@
+"""Pre-flight: the settings that cannot work for *this* run, named before the first step, each with its fix.
+
+A configuration can be valid (every key has a legal value, :func:`dit_core.train.config.validate`) and still
+be unable to give a result on the data at hand. The paper's recipe is made for 400K steps on 1.28M images;
+moved to 150 steps on 360 pictures, it trains without a word and samples noise, because its EMA (decay
+0.9999, an average over the last ~10,000 steps) still holds 98.5 % of the random initial weights at the end.
+:func:`preflight` compares the settings with the run's length and the dataset and returns a list of
+:class:`Finding`: what is wrong, in numbers, the config key to change, and the change.
+
+Findings are warnings unless the run is certain to fail (``level="error"``: e.g. an image side that the
+patch size does not divide, which stops the model's construction, or a sample grid class that does not
+exist, which stops the run at its first grid after all its training). The function is pure: it reads the
+config and a few facts about the dataset (:class:`DatasetFacts`), opens nothing, and never changes either.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import TrainConfig
+
+#: DiT's learning rate (AdamW, constant, batch 256); small models tolerate more, with a warm-up.
+USUAL_LR = 1e-4
+#: Without a warm-up, a learning rate this many times :data:`USUAL_LR` or more is flagged.
+NO_WARMUP_FACTOR = 10.0
+#: Above this, even with a warm-up, AdamW on a transformer is far outside any measured working range.
+MAX_LR = 1e-2
+#: Share of the random initial weights that the EMA may still hold at the end of a run.
+EMA_INITIAL_SHARE = 0.05
+#: Fewer passes over the data than this is "a handful".
+MIN_EPOCHS = 5.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One setting that cannot work as it is: ``level`` ("warning" or "error"), the config ``key`` to
+    change, the ``message`` (what goes wrong, in this run's numbers) and the ``fix`` (a command-line change)."""
+
+    level: str
+    key: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message} Fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """What pre-flight needs to know about the training data (the trainer knows all of it after opening it).
+
+    ``num_images``: items the run trains on (after ``subset``); ``num_classes``: 0 when unconditional;
+    ``sample_shape``: ``(C, H, W)`` of the model's input (pixels, or latents of side image_size / 8);
+    ``is_latent``: whether those are VAE latents. For an image folder, two optional facts from a look at a
+    few files' headers (:meth:`of` reads them): ``grey_share``, the share of greyscale files, and
+    ``median_side``, the median short side of the files in pixels (None: not known).
+    """
+
+    num_images: int
+    num_classes: int
+    sample_shape: tuple[int, int, int]
+    is_latent: bool = False
+    grey_share: float | None = None
+    median_side: int | None = None
+
+    @classmethod
+    def of(cls, dataset, num_classes: int | None = None, probe: int = 64) -> "DatasetFacts":
+        """The facts of a dataset as the trainer opens it (``len``, ``num_classes``, ``sample_shape``), and,
+        for an image folder (a ``samples`` list of ``(path, label)``), the headers of ``probe`` files spread
+        evenly over it (headers only: milliseconds)."""
+        base = getattr(dataset, "dataset", dataset)  # a Subset's dataset
+        shape = getattr(base, "sample_shape", None) or tuple(dataset[0][0].shape)
+        classes = getattr(base, "num_classes", 0) if num_classes is None else num_classes
+        grey, side = _probe(getattr(base, "samples", None), probe)
+        return cls(len(dataset), int(classes), tuple(int(s) for s in shape), hasattr(base, "latent_shape"),
+                   grey, side)
+
+
+def _probe(samples, count: int) -> tuple[float | None, int | None]:
+    """Share of greyscale files and median short side among ``count`` files of ``samples`` (None, None when
+    there are no files or none of them opens)."""
+    if not samples or count < 1:
+        return None, None
+    from PIL import Image
+
+    picks = sorted({round(i * (len(samples) - 1) / max(1, count - 1)) for i in range(min(count, len(samples)))})
+    modes, sides = [], []
+    for i in picks:
+        try:
+            with Image.open(samples[i][0]) as img:  # reads the header only
+                modes.append(img.mode)
+                sides.append(min(img.size))
+        except Exception:  # noqa: BLE001 - a bad file is the dataset check's business, not pre-flight's
+            continue
+    if not sides:
+        return None, None
+    grey = sum(m in ("L", "1", "I;16", "I;16L", "I;16B", "I", "F", "LA") for m in modes) / len(modes)
+    return grey, int(sorted(sides)[len(sides) // 2])
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _patch_size(cfg: TrainConfig) -> int | None:
+    if cfg.patch_size is not None:
+        return cfg.patch_size
+    try:
+        return int(cfg.model.rsplit("/", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _model_width(name: str) -> int | None:
+    from ..models import model_kwargs
+
+    try:
+        return int(model_kwargs(name)["hidden_size"])
+    except ValueError:
+        return None
+
+
+def preflight(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """Every finding for ``cfg`` on data described by ``facts`` (an empty list: nothing to say)."""
+    found: list[Finding] = []
+
+    def warn(key, message, fix, level="warning"):
+        found.append(Finding(level, key, message, fix))
+
+    steps, n = cfg.max_steps, facts.num_images
+    conditional = cfg.class_cond and facts.num_classes > 0
+
+    # -- the EMA: an average over ~1/(1 - decay) steps must fit in the run --------------------------------
+    if cfg.ema_decay > 0 and not cfg.ema_warmup and steps > 0:
+        initial = cfg.ema_decay ** steps  # weight of the random initial weights in the EMA after the run
+        if initial > EMA_INITIAL_SHARE:
+            horizon = 1.0 / (1.0 - cfg.ema_decay)
+            suggest = 1.0 - 5.0 / steps  # the initial weights' share falls to e^-5 (0.7 %)
+            warn("ema_decay",
+                 f"ema_decay {cfg.ema_decay} averages over the last ~{horizon:,.0f} steps, but the run has "
+                 f"{steps:,}: at its end the EMA, which every sample grid and dit-sample use, still holds "
+                 f"{100 * initial:.1f} % of the random initial weights, so its samples are mostly noise.",
+                 f"--ema-warmup true (the decay ramps up as (1+n)/(10+n), so the average never reaches back "
+                 f"before the run), or --ema-decay {math.floor(suggest * 10000) / 10000:g} or lower.")
+
+    # -- the data: batch against dataset, passes over the data ----------------------------------------------
+    if n > 0 and cfg.batch_size > n:
+        fit = 2 ** int(math.log2(n)) if n >= 1 else 1
+        warn("batch_size",
+             f"batch_size {cfg.batch_size} is larger than the dataset ({n:,} images): every batch holds the "
+             f"same images more than once, so a step costs more and teaches no more than a batch of {n:,}.",
+             f"--batch-size {fit} (and more --max-steps for the same number of images seen).")
+    if n > 0 and steps > 0:
+        epochs = steps * cfg.batch_size / n
+        if epochs < MIN_EPOCHS:
+            need = math.ceil(20 * n / cfg.batch_size)
+            warn("max_steps",
+                 f"{steps:,} steps of {cfg.batch_size} images see each of the {n:,} images only ~{epochs:.1f} "
+                 f"times; a diffusion model needs many passes (each pass draws other noise levels), so its "
+                 f"samples will not yet show the data.",
+                 f"--max-steps {need:,} (about 20 passes over the data).")
+
+    # -- the learning rate ------------------------------------------------------------------------------------
+    if cfg.warmup_steps == 0 and cfg.lr >= NO_WARMUP_FACTOR * USUAL_LR:
+        warm = max(100, min(1000, steps // 20))
+        warn("warmup_steps",
+             f"lr {cfg.lr:g} is {cfg.lr / USUAL_LR:.0f}x DiT's {USUAL_LR:g} and starts without a warm-up: "
+             f"Adam's first steps, taken before its moment estimates settle, are then large enough to "
+             f"diverge or to leave the model in a poor state it recovers from slowly.",
+             f"--warmup-steps {warm} (a linear ramp), or --lr {USUAL_LR:g}.")
+    if cfg.lr > MAX_LR:
+        warn("lr",
+             f"lr {cfg.lr:g} is more than {MAX_LR:g}, far above any setting AdamW is known to train a "
+             f"transformer with (DiT: {USUAL_LR:g}; the small CPU profiles: 2e-3 to 3e-3 with a warm-up).",
+             f"--lr {min(3e-3, MAX_LR):g} with --warmup-steps of a few hundred.")
+    if steps > 0 and cfg.warmup_steps >= steps:
+        warn("warmup_steps",
+             f"warmup_steps {cfg.warmup_steps:,} is not shorter than the run ({steps:,} steps): the learning "
+             f"rate never reaches lr {cfg.lr:g}.",
+             f"--warmup-steps {max(1, steps // 10):,} (a tenth of the run).")
+    if cfg.lr_schedule == "cosine" and cfg.min_lr > cfg.lr:
+        warn("min_lr",
+             f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine schedule would raise the learning "
+             f"rate instead of lowering it.",
+             f"--min-lr {cfg.lr / 10:g} (a tenth of lr).")
+
+    # -- guidance needs the null class ----------------------------------------------------------------------
+    shows_grids = cfg.sample_at_end or cfg.sample_every > 0
+    if conditional and cfg.class_dropout_prob == 0 and cfg.sample_cfg_scale != 1 and shows_grids:
+        warn("class_dropout_prob",
+             f"the sample grids use classifier-free guidance (sample_cfg_scale {cfg.sample_cfg_scale:g}), "
+             f"but class_dropout_prob 0 never trains the null class it needs: guided samples mix in an "
+             f"untrained label embedding.",
+             f"--class-dropout-prob 0.1 (DiT's), or --sample-cfg-scale 1 for unguided grids.")
+
+    # -- shapes: the patch size must divide the model's input ------------------------------------------------
+    p = _patch_size(cfg)
+    side = facts.sample_shape[-1]
+    if p and side % p:
+        what = f"latents of side {side} (image_size / 8)" if facts.is_latent else f"images of side {side}"
+        good = [s for s in range(side - side % p, side + p + 1, p) if s > 0][:2]
+        fix = (f"--patch-size {max(d for d in (1, 2, 4, 8) if side % d == 0)}"
+               + ("" if facts.is_latent else f", or --image-size {' or '.join(str(s) for s in good)}"))
+        warn("patch_size", f"patch size {p} does not divide the model's input, {what}: the model cannot cut "
+                           f"it into patches.", fix + ".", level="error")
+
+    width = cfg.hidden_size if cfg.hidden_size is not None else _model_width(cfg.model)
+    channels = facts.sample_shape[0]
+    if p and width and width < p * p * channels:
+        warn("hidden_size",
+             f"each {p}x{p} patch of {channels} channels holds {p * p * channels} numbers, more than the token "
+             f"width {width}: the patch embedding cannot pass the noise through, so the model cannot predict "
+             f"it (measured: 32 px RGB at patch 8 and width 128 sampled pure noise after 2,400 steps).",
+             f"--patch-size {max(d for d in (1, 2, 4) if d * d * channels <= width) if channels <= width else 1} "
+             f"or --hidden-size {p * p * channels * 2} or more.")
+    if facts.is_latent and cfg.image_size != 8 * side:
+        warn("image_size",
+             f"image_size {cfg.image_size} is not what the latents were made at: they are {side}x{side}, "
+             f"i.e. {8 * side} px images, and the run trains at that size whatever image_size says.",
+             f"--image-size {8 * side}, or extract latents at {cfg.image_size} px (dit-extract-latents "
+             f"--image-size {cfg.image_size}).")
+
+    # -- the images themselves: grey files trained as colour, small files blown up ---------------------------
+    if not facts.is_latent and facts.grey_share is not None:
+        if facts.grey_share == 1.0 and facts.sample_shape[0] == 3:
+            warn("channels",
+                 "every image looked at is greyscale, but the run trains on 3 colour channels: the model learns "
+                 "three copies of each grey value (3x the input per patch, for nothing).",
+                 "--channels 1.")
+        elif facts.grey_share == 0.0 and facts.sample_shape[0] == 1:
+            warn("channels",
+                 "the images are in colour, but the run trains on 1 grey channel: the samples will be grey.",
+                 "--channels 3, if colour matters.")
+    if not facts.is_latent and facts.median_side is not None and facts.median_side < side:
+        smaller = [s for s in (32, 48, 64, 96, 128, 256) if s <= facts.median_side and p and s % p == 0]
+        warn("image_size",
+             f"the images are small (median short side {facts.median_side} px) and the run trains at "
+             f"{side} px: they are blown up with bicubic, so the model learns blur and pays for pixels that "
+             f"hold no detail.",
+             f"--image-size {smaller[-1]}." if smaller else "--image-size at most the images' own size.")
+
+    # -- sample grids -----------------------------------------------------------------------------------------
+    if cfg.sample_every > steps > 0:
+        fix = f"--sample-every {max(1, steps // 4):,} (four grids during the run)"
+        also = "" if cfg.sample_at_end else " and sample_at_end is false, so the run writes no grid at all"
+        warn("sample_every",
+             f"sample_every {cfg.sample_every:,} is longer than the run ({steps:,} steps): no grid shows "
+             f"progress before the end{also}.", fix + ".")
+    if conditional and cfg.sample_classes is not None and shows_grids:
+        bad = [c for c in cfg.sample_classes if not (isinstance(c, int) and 0 <= c < facts.num_classes)]
+        if bad:
+            warn("sample_classes",
+                 f"sample_classes {bad[:5]} are not classes of this dataset (0..{facts.num_classes - 1}): the "
+                 f"run would stop at its first sample grid, after training up to it.",
+                 f"--sample-classes with numbers in 0..{facts.num_classes - 1}, or leave it unset.",
+                 level="error")
+    return found
+
+
+def format_findings(findings: list[Finding]) -> str:
+    """One paragraph per finding, errors first, for the terminal and the run log."""
+    ordered = sorted(findings, key=lambda f: f.level != "error")
+    return "\n".join(f"pre-flight {f.level} [{f.key}]: {f.message}\n    fix: {f.fix}" for f in ordered)
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == "error"]

@@ -1,0 +1,151 @@
+"""Pre-flight: each check fires on a configuration that cannot work and stays quiet on the shipped profiles."""
+
+import dataclasses
+
+import pytest
+
+from dit_core.train.config import make_config, profiles
+from dit_core.train.preflight import DatasetFacts, Finding, errors, format_findings, preflight
+
+# The data each shipped profile is made for.
+DIGITS = DatasetFacts(num_images=1437, num_classes=10, sample_shape=(1, 8, 8))
+SHAPES = DatasetFacts(num_images=900, num_classes=3, sample_shape=(3, 32, 32))
+IMAGENET = DatasetFacts(num_images=1_281_167, num_classes=1000, sample_shape=(4, 32, 32), is_latent=True)
+FACTS = {"digits": DIGITS, "small-images": SHAPES}
+
+
+def facts_for(profile: str) -> DatasetFacts:
+    return FACTS.get(profile, IMAGENET)  # the GPU profiles train on ImageNet latents
+
+
+def keys(findings: list[Finding]) -> list[str]:
+    return [f.key for f in findings]
+
+
+@pytest.mark.parametrize("profile", profiles())
+def test_quiet_on_every_shipped_profile(profile):
+    cfg = make_config(profile)
+    assert preflight(cfg, facts_for(profile)) == []
+
+
+def test_the_issue_s_run_gets_the_ema_warning_with_its_numbers():
+    # dit-train --data-path FOLDER --image-size 32 --model DiT-S/4 --max-steps 150 --batch-size 32 --lr 3e-4
+    cfg = make_config(None, {"image_size": 32, "model": "DiT-S/4", "max_steps": 150, "batch_size": 32, "lr": 3e-4})
+    found = preflight(cfg, DatasetFacts(360, 3, (3, 32, 32)))
+    assert keys(found) == ["ema_decay"]
+    (f,) = found
+    assert f.level == "warning"
+    assert "98.5 %" in f.message and "10,000" in f.message
+    assert "--ema-warmup true" in f.fix and "--ema-decay 0.9666" in f.fix
+
+
+def test_ema_quiet_with_warmup_or_a_short_horizon():
+    base = {"max_steps": 1000, "batch_size": 32}
+    assert "ema_decay" not in keys(preflight(make_config(None, {**base, "ema_warmup": True}), SHAPES))
+    assert "ema_decay" not in keys(preflight(make_config(None, {**base, "ema_decay": 0.99}), SHAPES))
+    assert "ema_decay" in keys(preflight(make_config(None, {**base, "ema_decay": 0.999}), SHAPES))
+
+
+def test_batch_larger_than_the_dataset():
+    cfg = make_config("small-images", {"batch_size": 128})
+    found = preflight(cfg, DatasetFacts(100, 3, (3, 32, 32)))
+    (f,) = [f for f in found if f.key == "batch_size"]
+    assert f.level == "warning" and "--batch-size 64" in f.fix
+
+
+def test_too_few_passes_over_the_data():
+    cfg = make_config("small-images", {"max_steps": 20})
+    (f,) = [f for f in preflight(cfg, SHAPES) if f.key == "max_steps"]
+    assert "only ~" in f.message and "--max-steps" in f.fix
+
+
+def test_high_lr_without_warmup_and_absurd_lr():
+    cfg = make_config("small-images", {"warmup_steps": 0})
+    assert keys(preflight(cfg, SHAPES)) == ["warmup_steps"]
+    assert "warmup_steps" not in keys(preflight(make_config(None, {"lr": 3e-4, "warmup_steps": 0}), IMAGENET))
+    assert "lr" in keys(preflight(make_config("small-images", {"lr": 0.05}), SHAPES))
+
+
+def test_warmup_longer_than_the_run_and_min_lr_above_lr():
+    found = preflight(make_config("small-images", {"warmup_steps": 100_000}), SHAPES)
+    assert "warmup_steps" in keys(found)
+    found = preflight(make_config("small-images", {"min_lr": 1.0}), SHAPES)
+    assert keys(found) == ["min_lr"]
+
+
+def test_guidance_without_label_dropout():
+    cfg = make_config("small-images", {"class_dropout_prob": 0})
+    (f,) = [f for f in preflight(cfg, SHAPES) if f.key == "class_dropout_prob"]
+    assert "null class" in f.message and "--class-dropout-prob 0.1" in f.fix
+    # unguided grids, or an unconditional model, need no null class
+    assert preflight(make_config("small-images", {"class_dropout_prob": 0, "sample_cfg_scale": 1}), SHAPES) == []
+    assert preflight(make_config("small-images", {"class_dropout_prob": 0, "class_cond": False}), SHAPES) == []
+
+
+def test_patch_size_that_does_not_divide_the_input_is_an_error():
+    found = preflight(make_config("small-images", {"image_size": 36, "patch_size": 8}), DatasetFacts(900, 3, (3, 36, 36)))
+    (f,) = errors(found)
+    assert f.key == "patch_size" and "--patch-size 4, or --image-size 32 or 40" in f.fix
+    latent = DatasetFacts(1000, 10, (4, 30, 30), is_latent=True)  # 240 px images
+    found = preflight(make_config("a100-80gb", {"image_size": 240, "patch_size": 4}), latent)
+    (f,) = errors(found)
+    assert "image_size / 8" in f.message and "--image-size" not in f.fix and "--patch-size 2" in f.fix
+
+
+def test_image_size_that_the_latents_do_not_have():
+    found = preflight(make_config("a100-80gb", {"image_size": 512}), IMAGENET)
+    assert keys(found) == ["image_size"] and "256 px" in found[0].message
+
+
+def test_grids_never_shown_and_grids_of_missing_classes():
+    (f,) = preflight(make_config("small-images", {"sample_every": 10**6}), SHAPES)
+    assert f.key == "sample_every" and "no grid" in f.message
+    (f,) = preflight(make_config("small-images", {"sample_classes": [0, 5]}), SHAPES)
+    assert f.level == "error" and f.key == "sample_classes" and "[5]" in f.message
+
+
+def test_format_puts_errors_first_and_names_the_key():
+    found = [Finding("warning", "ema_decay", "slow EMA.", "--ema-warmup true"),
+             Finding("error", "patch_size", "no patches.", "--patch-size 2")]
+    text = format_findings(found)
+    assert text.index("[patch_size]") < text.index("[ema_decay]")
+    assert "fix: --ema-warmup true" in text and str(found[1]).startswith("error: no patches.")
+
+
+def test_facts_of_a_dataset():
+    import torch
+
+    class Folder(torch.utils.data.Dataset):
+        num_classes, sample_shape = 3, (3, 32, 32)
+
+        def __len__(self):
+            return 50
+
+        def __getitem__(self, i):
+            return torch.zeros(3, 32, 32), 0
+
+    facts = DatasetFacts.of(torch.utils.data.Subset(Folder(), range(20)))
+    assert facts == DatasetFacts(20, 3, (3, 32, 32), False)
+
+
+def test_patch_wider_than_the_token():
+    found = preflight(make_config("small-images", {"patch_size": 8, "hidden_size": 128}), SHAPES)
+    (f,) = [f for f in found if f.key == "hidden_size"]
+    assert "192 numbers" in f.message and "--patch-size 4" in f.fix and "--hidden-size 384" in f.fix
+    assert "hidden_size" not in keys(preflight(make_config("small-images", {"patch_size": 8, "hidden_size": 384}), SHAPES))
+
+
+def test_grey_folders_and_small_images(tmp_path):
+    from dit_core.data import ImageFolderDataset
+    from dit_core.data.shapes import generate_shapes
+
+    folder = generate_shapes(tmp_path / "grey", per_class=4, mode="L")
+    facts = DatasetFacts.of(ImageFolderDataset(folder, 32, flip=False))
+    assert facts.grey_share == 1.0 and facts.median_side >= 48 and facts.num_images == 12
+    (f,) = preflight(make_config("small-images"), dataclasses.replace(facts, num_images=900))
+    assert f.key == "channels" and f.fix == "--channels 1."
+    small = DatasetFacts(900, 3, (3, 64, 64), grey_share=0.0, median_side=40)
+    found = preflight(make_config("small-images", {"image_size": 64}), small)
+    assert [f.key for f in found] == ["image_size"] and "--image-size 32." == found[0].fix
+    assert preflight(make_config("small-images", {"channels": 1}),
+                     DatasetFacts(900, 3, (1, 32, 32), grey_share=0.0, median_side=64))[0].key == "channels"
