@@ -128,9 +128,10 @@ def test_bad_values_and_replaced_flags_are_explained():
 def test_every_profile_loads_and_gpu_profiles_follow_the_paper():
     names = profiles()
     assert {"digits", "rtx3060-12gb", "rtx3090-24gb", "a100-40gb", "a100-80gb", "h100-80gb"} <= set(names)
+    cards = ("rtx", "a100", "h100")  # the paper's recipe per card; other profiles (digits, small images) are not
     for name in names:
         cfg = make_config(name)
-        if name != "digits":
+        if name.startswith(cards):
             assert cfg.model == "DiT-XL/2" and cfg.batch_size == 256 and cfg.image_size == 256, name
             assert cfg.lr == 1e-4 and cfg.weight_decay == 0 and cfg.ema_decay == 0.9999, name
             assert cfg.latents_path is not None and cfg.batch_size % cfg.grad_accum == 0, name

@@ -226,7 +226,7 @@ def main(argv=None) -> dict:
     from . import classwise
 
     if args.npz:
-        from ..evaluate import load_images
+        from .samples import load_images
 
         images, labels = load_images(args.npz)
         if labels is None or not args.classes:
