@@ -161,7 +161,8 @@ def test_default_ladders():
     assert "tf32" not in cpu and "latents" not in cpu and "compile" not in cpu and "all" not in cpu
     assert cpu[-2:] == ["all-eager", "all-no-ckpt-eager"] and not bench.RUNGS["all-eager"].compile
     assert bench.device_peak_tflops("NVIDIA H100 80GB HBM3") == 989
-    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165
+    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165.2
+    assert bench.device_peak_tflops("NVIDIA H100 PCIe") == 756
     assert bench.device_peak_tflops("Tesla T4") is None
 
 
