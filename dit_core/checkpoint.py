@@ -190,6 +190,9 @@ def load_dit(
     config = infer_config(state, num_heads=overrides.pop("num_heads", meta.get("num_heads")))
     if "class_dropout_prob" in meta:
         config["class_dropout_prob"] = meta["class_dropout_prob"]
+        table = state.get("y_embedder.embedding_table.weight")
+        if table is not None and not meta["class_dropout_prob"]:  # no null-class row: every row is a class
+            config["num_classes"] = table.shape[0]
     unknown = set(overrides) - set(DiT.__init__.__code__.co_varnames[1 : DiT.__init__.__code__.co_argcount])
     if unknown:
         raise TypeError(f"unknown DiT argument(s) {sorted(unknown)} for load_dit")
