@@ -100,20 +100,23 @@ def iter_images(path: str | os.PathLike, chunk: int = 1000, limit: int | None = 
                 raise ValueError(f"{path} holds {sorted(n[:-4] for n in zf.namelist())}, not 'arr_0' images")
             with zf.open("arr_0.npy") as f:
                 shape, fortran, dtype = _read_header(f)
-                if dtype != np.uint8 or fortran:
-                    check_images(np.zeros((0, *shape[1:]), dtype), path)  # the same error as a whole read
-                    raise ValueError(f"{path}: arr_0 must be a C-ordered uint8 array")
                 if len(shape) == 3:
                     shape = (*shape, 1)
-                check_images(np.zeros((0, *shape[1:]), np.uint8), path)
+                check_images(np.zeros((0, *shape[1:]), dtype), path)  # the errors of a whole read
+                if fortran:
+                    raise ValueError(f"{path}: arr_0 is stored in Fortran order; save it C-ordered (np.savez does)")
                 per_image = int(np.prod(shape[1:]))
                 n = shape[0] if limit is None else min(shape[0], int(limit))
                 for start in range(0, n, chunk):
                     k = min(chunk, n - start)
-                    data = f.read(k * per_image)
-                    if len(data) != k * per_image:
-                        raise ValueError(f"{path} is truncated: arr_0 ends before image {start + len(data) // per_image}")
-                    yield np.frombuffer(data, np.uint8).reshape(k, *shape[1:])
+                    out = np.empty((k, *shape[1:]), np.uint8)
+                    view, got = memoryview(out).cast("B"), 0
+                    while got < len(view):
+                        read = f.readinto(view[got:])
+                        if not read:
+                            raise ValueError(f"{path} is truncated: arr_0 ends inside image {start + got // per_image}")
+                        got += read
+                    yield out
         return
     images, _ = load_images(path)
     images = images if limit is None else images[:limit]
