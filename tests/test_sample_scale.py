@@ -443,3 +443,25 @@ def test_a_model_without_null_class_samples_without_guidance(no_null_run, tmp_pa
     assert json.loads(captured.out)["cfg_scale"] == 1.0 and "no null class" in captured.err
     assert main([*base, "--cfg-scale", "3"]) == 2
     assert "has no null class" in capsys.readouterr().err
+
+
+def test_torchrun_processes_sample_their_own_shards_into_the_same_file(tmp_path, capsys):
+    """``torchrun --nproc_per_node 2`` on the CPU (gloo): two processes, one .npz, bit-identical to one process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dit_core.cli.sample import main
+
+    repo = Path(__file__).resolve().parents[1]
+    ckpt = _run_checkpoint(tmp_path / "last.pt", tiny_dit())
+    args = ["--ckpt", str(ckpt), *CLI[:-2], "--num-samples", "14"]  # 4 shards of 4, 4, 4, 2
+    env = dict(__import__("os").environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "dit_core.cli.sample", *args, "--npz", str(tmp_path / "two.npz")],
+                         env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert main([*args, "--npz", str(tmp_path / "one.npz")]) == 0
+    assert (tmp_path / "two.npz").read_bytes() == (tmp_path / "one.npz").read_bytes()
+    # process 0 alone reports, and it sampled its part only: shards 0 and 2 (8 images), process 1 shards 1 and 3
+    assert two.stdout.count("npz ->") == 1 and "8 images (ddim" in two.stdout

@@ -2,7 +2,8 @@
 
     dit-eval samples.npz --digits                                # digits: class accuracy + Fréchet distance
     dit-eval samples.npz reference.npz --inception pt_inception-2015-12-05-6726825d.pth     # FID, two sets
-    dit-eval samples.npz VIRTUAL_imagenet256_labeled.npz --inception ...   # FID against reference statistics
+    dit-eval samples.npz VIRTUAL_imagenet256_labeled.npz --inception ...   # its 10k images, our network
+    dit-eval samples.npz VIRTUAL_imagenet256_labeled.npz --inception ... --reference-stats stored  # ADM's mu/sigma
     dit-eval real_images/ --inception ... --save-stats ref_stats.npz        # compute reference statistics
 
 Sample sets are ``.npz`` files with ``arr_0`` (what ``dit-sample --npz`` writes), ``.npy`` arrays or image

@@ -320,6 +320,9 @@ def assemble(out: str | os.PathLike, keep_shards: bool = False) -> Path:
             f"{len(bounds)} shards in {folder} are finished and intact: free some space and rerun the same "
             "command, which only assembles them."
         ) from err
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(out, 0o666 & ~umask)  # the permissions np.savez would give (the temporary file was private)
     if not keep_shards:
         for k in range(len(bounds)):
             shard_path(folder, k).unlink(missing_ok=True)
