@@ -2,7 +2,10 @@
 
 - :mod:`.samplers`: :func:`generate`: classifier-free guidance, DDPM / DDIM / DPM-Solver++, pixels or VAE
   latents, reproducible per sample;
-- :mod:`.files`: labelled PNG grids, the FID ``.npz``, opening a checkpoint for sampling (:func:`load_model`).
+- :mod:`.files`: labelled PNG grids, the FID ``.npz`` (also streamed), opening a checkpoint for sampling
+  (:func:`load_model`);
+- :mod:`.shards`: FID-scale sampling: 50,000 images in resumable shards, split across processes, assembled
+  into one ``.npz``; uniform or balanced labels.
 
 ``dit-sample`` is the command line (:mod:`dit_core.cli.sample`).
 """

@@ -283,6 +283,8 @@ def generate(
       the VAE's ``scaling_factor``, 0.18215) and decoded ``decode_batch_size`` at a time; ``vae_tiling``
       (default: for 512 px and up) decodes in overlapping tiles. Returns images in [-1, 1].
     - ``amp``: ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"auto"`` autocast of the transformer.
+    - ``device``: where to sample (default: where the model is). The model itself is never moved, cast or left
+      in another mode: on another device it is sampled through a temporary copy (:func:`sampling_copy`).
     - ``callback(info)``: called after every step with ``step``, ``num_steps``, ``t`` (original index),
       ``x`` (the current batch) and ``x0`` (the predicted clean batch; None for dpm-solver++).
     """

@@ -340,6 +340,10 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 _VAES: dict = {}
+#: Latents decoded at a time for a grid: SD's VAE decoder holds 128 x 256 x 256 fp32 activations per 256 px image
+#: (32 MB each, several alive at once), so 40 grid images in one decode would need several GB in the middle of
+#: a run sized to fit the card; 8 at a time keep that to about 1 GB (an estimate from the shapes).
+GRID_DECODE_BATCH = 8
 
 
 def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes, is_latent: bool, dataset,
@@ -350,7 +354,8 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
 
     The grid samples on the training device in the training precision, and leaves the EMA as it is: an EMA
     kept on the CPU (``ema_device: cpu``) is sampled through a temporary copy on the GPU (in bf16: 2 bytes a
-    parameter), freed afterwards (:func:`dit_core.sample.generate`). A model trained with ``class_dropout_prob:
+    parameter, 1.35 GB for DiT-XL/2), freed afterwards (:func:`dit_core.sample.generate`); latents are decoded
+    :data:`GRID_DECODE_BATCH` at a time. A model trained with ``class_dropout_prob:
     0`` has no null class, so its grids sample without guidance (cfg 1), with a note."""
     from ..sample import generate, has_null_class, save_grid
 
@@ -376,7 +381,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
     with torch.random.fork_rng(devices=[]):  # leave the training process's generators untouched
         images = generate(ema, diffusion, labels, cfg_scale=cfg_scale, sampler=cfg.sample_sampler,
                           steps=cfg.sample_steps, seed=cfg.seed, device=device, vae=vae, vae_scale=scale,
-                          amp=resolve_precision(cfg.mixed_precision, device))
+                          amp=resolve_precision(cfg.mixed_precision, device), decode_batch_size=GRID_DECODE_BATCH)
     path = out / "samples" / f"step_{step:07d}.png"
     save_grid(images, path, nrow=nrow, labels=names)
     return path
