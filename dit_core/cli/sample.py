@@ -262,7 +262,7 @@ def main(argv=None) -> int:
             summary.update(npz=result["npz"], images_sampled=sampled, images_resumed=result["resumed"],
                            processes=world_size)
             if result.get("already_complete"):
-                summary["note"] = f"{args.npz} was already complete with these settings: nothing sampled"
+                summary["note"] = "already complete with these settings: nothing sampled"
             images = None
             if args.grid and rank == 0:
                 from dit_core.eval.samples import iter_images
@@ -304,6 +304,8 @@ def main(argv=None) -> int:
         summary["shape"] = list(npz_image_shape(summary["npz"])[1:])  # H, W, C as stored
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif not sampled and summary.get("npz"):
+        print(f"{summary['npz']}: all {n} images were sampled before with these settings; nothing to do")
     else:
         what = f"{sampled} images" + (f" (+{summary['images_resumed']} from before)"
                                       if summary.get("images_resumed") else "")

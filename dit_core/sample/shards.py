@@ -114,7 +114,7 @@ def fingerprint(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     for f in files:
         size = f.stat().st_size
-        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{size}".encode())
+        h.update(f"{f.relative_to(path) if path.is_dir() else ''}:{size}".encode())  # a renamed file is the same
         with open(f, "rb") as fh:
             h.update(fh.read(1 << 20))
             if size > 1 << 20:
