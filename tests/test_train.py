@@ -247,16 +247,55 @@ def test_the_trainer_learns_class_conditioning(tmp_path):
     assert (right_half_bright == labels).float().mean() >= 0.9
 
 
-def test_nan_guard_skips_the_bad_step_and_keeps_weights_finite(tmp_path, capsys):
-    # 32 images, batch 8: image 5 lies in exactly one batch of every epoch
-    summary = train(tiny_config(tmp_path / "nan", max_steps=8), dataset=Blobs(nan_at=[5]))
+@pytest.mark.parametrize("fused", ["true", "false"], ids=["verdict-on-device", "verdict-read-each-step"])
+def test_nan_guard_skips_the_bad_step_and_keeps_weights_finite(tmp_path, capsys, fused):
+    # 32 images, batch 8: image 5 lies in exactly one batch of every epoch (steps 3 and 5 here)
+    summary = train(tiny_config(tmp_path / "nan", max_steps=8, fused_adam=fused), dataset=Blobs(nan_at=[5]))
     out = capsys.readouterr().out
     assert summary["skipped_steps"] == 2  # two epochs of 4 steps, one bad batch each
-    assert "skipped (loss is nan; the input batch itself holds NaN/Inf values); weights unchanged" in out
+    reason = "loss is nan; the input batch itself holds NaN/Inf values"
+    if fused == "true":  # fused AdamW skips on the device; the loop reads the guard when it logs (here: the end)
+        assert f"steps 3 to 5: 2 skipped, the last (step 5) because {reason}; weights unchanged" in out
+    else:  # the optimizer cannot skip by itself: the verdict is read at every step
+        assert f"step 3: skipped ({reason}); weights unchanged" in out
+        assert f"step 5: skipped ({reason}); weights unchanged" in out
     state = final_state(tmp_path / "nan")
+    assert state["ema_updates"] == 6  # the two skipped steps did not update the EMA
     for key in ("model", "ema"):
         assert all(torch.isfinite(v).all() for v in state[key].values())
     assert all(torch.isfinite(v).all() for s in state["opt"]["state"].values() for v in s.values())
+    assert all(int(s["step"]) == 6 for s in state["opt"]["state"].values())  # AdamW counted 6 updates
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["verdict-on-device", "verdict-read-each-step"])
+def test_a_skipped_step_changes_no_weight_moment_or_ema(fused):
+    """The step itself: after a bad batch, model, EMA, AdamW's moments and step counts are bit for bit as before."""
+    from dit_core.diffusion import create_diffusion
+    from dit_core.models import DiT
+    from dit_core.train.ema import create_ema
+    from dit_core.train.step import StepOptions, TrainStep
+
+    torch.manual_seed(0)
+    model = DiT(input_size=8, patch_size=2, in_channels=1, hidden_size=32, depth=2, num_heads=2, num_classes=3).eval()
+    ema = create_ema(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=fused or None)
+    step = TrainStep(model, create_diffusion(""), opt, ema, StepOptions(ema_decay=0.9), batch_size=4)
+    assert step.skips_on_device is fused
+    good = (torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 0]))
+    bad = (torch.full((4, 1, 8, 8), float("nan")), good[1])
+    step(0, iter([good]))
+    snapshot = lambda: ([t.clone() for t in model.state_dict().values()], [t.clone() for t in ema.state_dict().values()],
+                        [v.clone() for s in opt.state.values() for v in s.values()])
+    before = snapshot()
+    step(1, iter([bad]))
+    after = snapshot()
+    for a, b in zip(before, after):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert step.ema_updates == 1
+    step.guard.read()
+    assert step.guard.skipped == 1 and not step.guard.last_ok
+    step(2, iter([good]))  # and training goes on
+    assert step.ema_updates == 2 and not torch.equal(model.state_dict()["final_layer.linear.weight"], before[0][-2])
 
 
 def test_nan_guard_stops_with_a_diagnosis_after_repeated_failures(tmp_path):
