@@ -91,7 +91,7 @@ def format_table(result: dict) -> str:
 
 def format_summary(results: list[dict], extra_rows: list[dict] = ()) -> str:
     """One table for several runs (e.g. batch 32 and 256) plus extra rows (e.g. the planner's choice):
-    time, throughput, speed-up over the official-style step, measured and planned peak memory, MFU."""
+    time, throughput, speed-up over the official step (TF32 on, as train.py), measured and planned peak memory, MFU."""
     first = results[0]
     env = first["environment"]
     gpu = env["device"] == "cuda"
