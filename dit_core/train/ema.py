@@ -93,9 +93,16 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float | torc
         else:
             params = [p.to(ema_params[0].device) for p in params]  # blocking copies
             weight = weight.to(ema_params[0].device) if torch.is_tensor(weight) else weight
+    if not ema_params:
+        return
+    if torch.is_tensor(weight) and weight.device.type == "cpu":
+        weight = float(weight)  # a CPU number: reading it costs no synchronisation
     if torch.is_tensor(weight):
-        weight = weight.to(ema_params[0].dtype) if ema_params else weight
-    torch._foreach_lerp_(ema_params, params, weight)
+        # no foreach lerp takes one tensor weight: the list form with that tensor for every parameter (a scalar
+        # weight would be read on the host, a synchronisation)
+        torch._foreach_lerp_(ema_params, params, [weight.to(ema_params[0].dtype)] * len(ema_params))
+    else:
+        torch._foreach_lerp_(ema_params, params, weight)
 
 
 class EmaUpdater:
