@@ -8,9 +8,10 @@
 #   bash benchmarks/gpu_check.sh
 #   GPU_CHECK_DRY_RUN=1 bash benchmarks/gpu_check.sh     # on a CPU: the same code at tiny size, records in runs/
 #
-# The 12 GB profile needs bitsandbytes (8-bit AdamW). A machine without internet access installs it from a wheel
-# carried along: BNB_WHEEL (default: the first runs/wheels/bitsandbytes-*.whl, an ignored folder the device call carries), with --no-deps (numpy and torch are
-# there already). Knobs: PROFILE_STEPS (20), STEPS (3 timed steps per rung), COMPILE (1), VAE, PYTHON.
+# The 12 GB profile needs bitsandbytes (8-bit AdamW). A machine without internet access installs it from a
+# wheel carried along (pip download bitsandbytes --no-deps -d runs/wheels; runs/ is ignored by git): BNB_WHEEL,
+# default the first runs/wheels/bitsandbytes-*.whl, installed with --no-deps (numpy and torch are there).
+# Knobs: PROFILE_STEPS (20), STEPS (3 timed steps per rung), COMPILE (1; 0 is quicker), VAE, PYTHON.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
