@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -308,3 +309,37 @@ def test_the_checkpoint_comparison_sees_a_difference_anywhere():
     b["rng"]["numpy"]["keys"] = torch.tensor([0, 1, 3])
     with pytest.raises(AssertionError, match="rng.numpy.keys differs"):
         assert_same_checkpoint(a, b)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _rank_of(pid: int) -> int | None:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
+    return int(ranks[0]) if ranks else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's worker processes through /proc (Linux)")
+def test_under_torchrun_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path, digits_dir):
+    """SIGTERM to rank 1 only: the processes agree at the next step boundary, rank 0 saves, nobody waits forever
+    in the next gradient all-reduce."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "dit_core.train", "--data-path", str(digits_dir), *TINY_ARGS, "--batch-size", "16", "--max-steps", "2000",
+           "--log-every", "1", "--ckpt-every", "100000", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_step(proc, 3)
+    workers = {_rank_of(p): p for p in _children(proc.pid)}
+    assert set(workers) >= {0, 1}, workers
+    os.kill(workers[1], signal.SIGTERM)
+    text, _ = proc.communicate(timeout=240)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGTERM (on another process)", text  # rank 0 heard it from rank 1
+    assert 3 <= summary["steps"] < 2000 and final_state(out)["step"] == summary["steps"]
+    assert f"stopped by SIGTERM (on another process) after step {summary['steps']}" in text
