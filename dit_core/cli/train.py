@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dit-train: {err}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("dit-train: stopped at once (second Ctrl-C); the last checkpoint written is intact", file=sys.stderr)
+        print("dit-train: stopped at once by Ctrl-C; every checkpoint written before is intact", file=sys.stderr)
         return 130
     return exit_code(summary.get("interrupted"))
 
