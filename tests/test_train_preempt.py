@@ -220,7 +220,7 @@ def test_adamw8bit_without_bitsandbytes_says_how_to_install_it(tmp_path, monkeyp
 
 
 def test_adamw8bit_trains_and_resumes_exactly(tmp_path):
-    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install -e \".[lowmem]\")")
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install -e \".[lowmem]\")")
     # a layer of >= 4096 weights gets 8-bit moments (smaller ones keep fp32 moments in bitsandbytes)
     kw = dict(optimizer="adamw8bit", hidden_size=64, ckpt_every=3)
     train(tiny_config(tmp_path / "ref", max_steps=6, **kw), dataset=Blobs())
@@ -231,9 +231,7 @@ def test_adamw8bit_trains_and_resumes_exactly(tmp_path):
     states = [s["__bnb_optimizer_quant_state__"] for s in ref["opt"]["state"].values()]
     assert any(s["state1"].dtype == torch.uint8 for s in states)  # 8-bit moments were stored
     assert ref["opt"]["param_groups"][0]["weight_decay"] == 0.0  # DiT's, not bitsandbytes' default 0.01
-    first = torch.load(tmp_path / "ref" / "checkpoints" / "last.pt", weights_only=True)["model"]
-    assert all(torch.isfinite(v).all() for v in first.values())
-    assert bnb.optim.AdamW8bit  # the optimizer the trainer used
+    assert all(torch.isfinite(v).all() for v in ref["model"].values())
 
 
 # ----------------------------------------------------------------------------------------------------------
