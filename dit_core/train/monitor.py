@@ -10,6 +10,7 @@ checkpoints and sample grids.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -34,7 +35,7 @@ class Monitor:
         self.step = start_step
         self.last_record = None
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
-        self._losses: list[float] = []
+        self._loss_sum = self._loss_count = None  # the loss summed over the steps since the last record
         self.bar = self.jsonl = self.tb = None
         if not enabled:
             return
@@ -56,25 +57,29 @@ class Monitor:
         """Call around work that is not training (checkpoints, samples) to keep it out of the throughput."""
         return _Pause(self)
 
-    def update(self, step: int, loss: float, lr: float, grad_norm: float, skipped: int, extra: dict,
-               force: bool = False) -> None:
+    def update(self, step: int, loss, lr: float, grad_norm, skipped: int, extra: dict, force: bool = False) -> None:
         """Record one finished optimizer step (``step`` counts steps done, from 1); a record is written every
-        ``log_every`` steps and when ``force`` is set (the last step)."""
+        ``log_every`` steps and when ``force`` is set (the last step). ``loss`` and ``grad_norm`` may be tensors
+        on the device: they are summed there and read once per record (reading a GPU number waits for the GPU)."""
         self.step = step
         self._window_steps += 1
-        if loss == loss:  # not NaN
-            self._losses.append(loss)
+        loss = torch.as_tensor(loss, dtype=torch.float32).detach().float()
+        finite = torch.isfinite(loss)
+        self._loss_sum = torch.where(finite, loss, 0.0) + (self._loss_sum if self._loss_sum is not None else 0.0)
+        self._loss_count = finite.long() + (self._loss_count if self._loss_count is not None else 0)
         if not self.enabled:
             return
         if self.bar is not None:
             self.bar.update(1)
         if step % self.log_every and not force:
             return
+        norm = torch.as_tensor(math.nan if grad_norm is None else grad_norm).detach().float().to(loss.device)
+        loss_sum, count, grad_norm = torch.stack([self._loss_sum, self._loss_count.float(), norm]).tolist()
         elapsed = time.perf_counter() - self._window_start - self._paused
         sps = self._window_steps / elapsed if elapsed > 0 else float("nan")
         record = {
             "step": step,
-            "loss": sum(self._losses) / len(self._losses) if self._losses else float("nan"),
+            "loss": loss_sum / count if count else float("nan"),
             "lr": lr,
             "grad_norm": grad_norm,
             "steps_per_s": sps,
@@ -96,7 +101,7 @@ class Monitor:
             print(f"step {step:>7d}  loss {record['loss']:.4f}  lr {lr:.2e}  {sps:.2f} steps/s  "
                   f"{sps * self.batch_size:.0f} img/s", flush=True)
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
-        self._losses = []
+        self._loss_sum = self._loss_count = None
 
     def write(self, text: str) -> None:
         if not self.enabled:

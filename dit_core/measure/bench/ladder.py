@@ -287,14 +287,15 @@ def _merge_rows(rows: list[dict], batch_images: int) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Each row's speed-up over the official-style step and over the baseline (where they ran)."""
+    """Each row's speed-up over the official step (the reference), over it in strict fp32, and over the baseline
+    (where they ran)."""
     by_key = {r["rung"]: r for r in rows if r.get("status") == "ok"}
-    for ref in ("official", "baseline"):
+    for ref in ("official", "official-fp32", "baseline"):
         if ref in by_key:
             t_ref = by_key[ref]["step_s_median"]
             for r in rows:
                 if r.get("status") == "ok":
-                    r[f"speedup_vs_{ref}"] = t_ref / r["step_s_median"]
+                    r[f"speedup_vs_{ref.replace('-', '_')}"] = t_ref / r["step_s_median"]
 
 
 def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = True, sampling: bool = True,
