@@ -115,8 +115,8 @@ def test_each_profile_runs_the_configuration_its_anchor_measured():
         assert ("every block checkpointed" in c.configuration) == (blocks == 28), c.name
         anchor = est.ANCHORS[c.anchor]
         measured = (anchor.micro_batch, anchor.grad_accum, anchor.checkpointed_blocks)
-        if c.note:  # a stand-in, said so in the table
-            assert measured != (micro, accum, blocks)
+        if c.note:  # a stand-in (another optimizer, EMA place or layout than was measured), said so in the table
+            assert "not measured" in c.note, c.name
         else:
             assert measured == (micro, accum, blocks), (
                 f"{c.name}: profile {c.profile} runs {micro} x {accum} with {blocks} blocks checkpointed, but its "

@@ -129,9 +129,9 @@ CARDS: tuple[Card, ...] = (
     # No NVIDIA figure found for the 3060's tensor rate: derived from 28 SMs at the 1.777 GHz boost clock.
     Card("RTX 3060", "12 GB", round(_ampere_geforce_peak(28, 1.777), 1),
          "derived: 28 SMs x 4 tensor cores x 128 FMA x 2 x 1.777 GHz / 2 (fp32 accumulate; ~51 with fp16 accumulate)",
-         "rtx3060-12gb", "24gb-profile", "8 x 32, every block checkpointed, EMA on the CPU", ("3060",),
-         note="not measured: the 24 GB profile's MFU, an upper bound (a micro-batch of 8 and the EMA on the CPU "
-              "are slower)"),
+         "rtx3060-12gb", "24gb-profile", "32 x 8, every block checkpointed, 8-bit AdamW, EMA on the CPU", ("3060",),
+         note="not measured: the 24 GB profile's MFU, an upper bound (8-bit AdamW and the EMA on the CPU are "
+              "slower)"),
 )
 
 #: Published single-GPU figures, for comparison with the estimates (each with its source).
