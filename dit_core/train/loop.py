@@ -267,6 +267,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     # -- the loop -----------------------------------------------------------------------------------------
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
+    micro_batches = monitor.timed(micro_batches)  # the time the step waits for data goes into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
     start_step, last_grid = step, (grids[-1] if grids else None)
     t_loop = time.perf_counter()
@@ -347,6 +348,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
     """A grid from the EMA model: one row per class (``sample_per_class`` each), fixed seeds, so grids of
     successive steps show the same noise becoming better digits/images. Returns the PNG path (None when the
     latents' VAE cannot be loaded here)."""
+    from ..data.images import present_labels
     from ..sample import generate, save_grid
 
     vae, scale = None, None
@@ -357,7 +359,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
             return None
     num_classes = ema.num_classes
     if num_classes:
-        shown = cfg.sample_classes if cfg.sample_classes is not None else list(range(min(10, num_classes)))
+        shown = cfg.sample_classes if cfg.sample_classes is not None else present_labels(dataset)[:10]
         labels = [int(c) for c in shown for _ in range(cfg.sample_per_class)]
         names = [str(classes[c]) if c < len(classes) else str(c) for c in labels]
         nrow = cfg.sample_per_class
