@@ -191,6 +191,9 @@ def standins(folder: str | os.PathLike, full_size: bool = False, workers: int = 
 
         torch.manual_seed(seed)
         net = InceptionV3()
+        for m in net.modules():  # He init keeps the activations alive through 90 layers (the default fades them to 0)
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
         atomic_write(out["inception"], lambda f: torch.save(net.state_dict(), f))
     return out
 
@@ -214,15 +217,43 @@ def gpu_data(data_dir: str | os.PathLike, archive=None, download: bool = False, 
     return prepare_imagenette(data_dir, archive=archive, download=download, checksum=checksum, progress=progress)
 
 
+def gpu_paths(data_dir="auto", latents_dir="auto", smoke: bool = False) -> tuple[Path, Path]:
+    """The GPU track's data and latent folders, relative to the book: ``"auto"`` is Imagenette in
+    ``../data/imagenette`` and its latents beside it (``-smoke`` folders for smoke runs, so that stand-in data
+    never passes for the real thing); a data folder of your own gets its latents in ``<folder>-latents``."""
+    data = Path("../data/imagenette" + ("-smoke" if smoke else "")) if data_dir == "auto" else Path(data_dir).expanduser()
+    latents = data.with_name(data.name + "-latents") if latents_dir == "auto" else Path(latents_dir).expanduser()
+    return data, latents
+
+
 def gpu_latents(data_dir, latents_dir, vae, image_size: int = 256, batch_size: int = 64, progress: bool = True,
-                device=None, **kwargs) -> dict:
+                device=None, vae_name: str | None = None, **kwargs) -> dict:
     """Latents of ``data_dir`` (its ``train/`` split when it has one) in ``latents_dir``: extracted with ``vae``
-    (a hub id or folder) at ``image_size`` with both flips, resumed where an earlier run stopped, or reused when
-    complete. Returns the manifest (``"seconds"``: the time extraction took when it ran)."""
+    (a hub id, a folder, or a loaded VAE with its ``vae_name``) at ``image_size`` with both flips, resumed where an
+    earlier run stopped, or reused when complete. Returns the manifest (``"seconds"``: the extraction's time)."""
     from ..latents import extract_latents
 
-    return extract_latents(data_dir, latents_dir, vae=str(vae), image_size=image_size, batch_size=batch_size,
-                           progress=progress, device=device, **kwargs)
+    vae = str(vae) if isinstance(vae, (str, os.PathLike)) else vae
+    return extract_latents(data_dir, latents_dir, vae=vae, vae_name=vae_name, image_size=image_size,
+                           batch_size=batch_size, progress=progress, device=device, **kwargs)
+
+
+def ensure_latents(data_dir, latents_dir, vae, *, archive=None, download: bool = False, checksum: bool = True,
+                   image_size: int = 256, batch_size: int = 64, device=None, progress: bool = True) -> Path:
+    """``latents_dir`` if it holds a finished extraction; else the data (:func:`gpu_data`) and the VAE
+    (:func:`dit_core.downloads.vae`, downloaded only when ``download``) are fetched and the latents extracted, as
+    chapters 01 and 02 do. For chapters that need the latents when the earlier ones did not run."""
+    from .. import downloads
+    from ..latents import MANIFEST
+
+    latents_dir = Path(latents_dir)
+    if (latents_dir / MANIFEST).is_file():
+        return latents_dir
+    data = gpu_data(data_dir, archive=archive, download=download, checksum=checksum, progress=progress)
+    model = downloads.vae(vae, download=download, device=device or "cpu")
+    gpu_latents(data, latents_dir, model, vae_name=str(vae), image_size=image_size, batch_size=batch_size,
+                progress=progress, device=device)
+    return latents_dir
 
 
 def run_step(run_dir: str | os.PathLike) -> int:

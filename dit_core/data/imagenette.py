@@ -129,7 +129,8 @@ def prepare_imagenette(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(COUNTS.values()), unit="img", desc="extracting Imagenette", dynamic_ncols=True)
+        total = sum(COUNTS.values()) if checksum else None  # an archive of your own: its count is not known
+        bar = tqdm(total=total, unit="img", desc="extracting Imagenette", dynamic_ncols=True)
     t0 = time.perf_counter()
     try:
         with tarfile.open(path, mode="r|*") as tar:  # a stream: one pass, no index of 13,000 members in memory
