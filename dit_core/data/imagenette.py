@@ -281,9 +281,11 @@ def make_archive(
         with tarfile.open(fileobj=f, mode="w:gz", compresslevel=compresslevel) as tar:
             add(tar, f"{ARCHIVE_ROOT}/{NOISY_CSV}", ("\n".join(csv_lines) + "\n").encode())
             if workers > 1:
-                from multiprocessing import get_context
+                import multiprocessing
 
-                with get_context("spawn").Pool(workers) as pool:
+                # fork where there is one: the workers only encode JPEGs, and spawn would need an importable main
+                method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+                with multiprocessing.get_context(method).Pool(workers) as pool:
                     for name, data in zip(names, pool.imap(_fake_jpeg, jobs, chunksize=32)):
                         add(tar, name, data)
             else:
