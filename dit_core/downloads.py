@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -221,7 +222,7 @@ def fetch(
     try:
         try:
             _download(source, tmp, progress, timeout)
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
             reason = getattr(err, "reason", None) or err
             raise DownloadError(f"could not download {artifact.filename} from {source} ({type(err).__name__}: "
                                 f"{reason}); nothing was kept.\n" + manual_help(artifact, target, flag)) from None
