@@ -313,6 +313,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     # -- the loop -----------------------------------------------------------------------------------------
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
+    micro_batches = monitor.timed(micro_batches)  # the time the step waits for data goes into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
     start_step, last_grid = step, (grids[-1] if grids else None)
     saved = Saved(step if ckpt_path is not None else None, time.monotonic())
@@ -452,6 +453,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
     parameter, 1.35 GB for DiT-XL/2), freed afterwards (:func:`dit_core.sample.generate`); latents are decoded
     :data:`GRID_DECODE_BATCH` at a time. A model trained with ``class_dropout_prob:
     0`` has no null class, so its grids sample without guidance (cfg 1), with a note."""
+    from ..data.images import present_labels
     from ..sample import generate, has_null_class, save_grid
 
     vae, scale = None, None
@@ -462,7 +464,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
             return None
     num_classes = ema.num_classes
     if num_classes:
-        shown = cfg.sample_classes if cfg.sample_classes is not None else list(range(min(10, num_classes)))
+        shown = cfg.sample_classes if cfg.sample_classes is not None else present_labels(dataset)[:10]
         labels = [int(c) for c in shown for _ in range(cfg.sample_per_class)]
         names = [str(classes[c]) if c < len(classes) else str(c) for c in labels]
         nrow = cfg.sample_per_class

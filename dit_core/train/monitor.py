@@ -5,6 +5,14 @@ JSON object per line: easy to load with pandas or a few lines of Python), to Ten
 ``tensorboard --logdir <out>/tb``) and to the console; the tqdm bar shows the loss, steps/s and images/s
 all the time. Throughput is measured over the steps since the previous record, leaving out time spent on
 checkpoints and sample grids.
+
+Each record also says where the time and the memory went, so a loader bottleneck or a card near its limit shows
+in the log without ``watch nvidia-smi``: ``data_wait_share`` is the share of the interval's wall time the training
+process spent waiting for the next batch (the loop fetches batches through :meth:`Monitor.timed`; the step does not
+wait for the GPU, so when the GPU is the bottleneck the process waits elsewhere and this share stays near 0, and when
+the loader is, the process waits here while the GPU runs out of queued work), ``memory_gb`` the memory in use
+at the end of the interval and ``peak_memory_gb`` the peak since the run started (on a GPU: tensors allocated by
+torch; on the CPU: the process's resident memory).
 """
 
 from __future__ import annotations
@@ -17,6 +25,17 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def memory_gb(device: torch.device) -> float:
+    """GPU memory allocated by torch now; on the CPU, the process's resident memory now (Linux), else its peak."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**30
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+    except (OSError, ValueError, IndexError):
+        return peak_memory_gb(device)
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -36,6 +55,7 @@ class Monitor:
         self.last_record = None
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
         self._loss_sum = self._loss_count = None  # the loss summed over the steps since the last record
+        self._data_wait = 0.0
         self.bar = self.jsonl = self.tb = None
         if not enabled:
             return
@@ -52,6 +72,19 @@ class Monitor:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def timed(self, batches):
+        """``batches`` (an iterable of batches) as an iterator that adds the time spent waiting in ``next()`` to
+        the current interval's data wait."""
+        it = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self._data_wait += time.perf_counter() - t0
+            yield batch
 
     def pause(self):
         """Call around work that is not training (checkpoints, samples) to keep it out of the throughput."""
@@ -85,6 +118,8 @@ class Monitor:
             "steps_per_s": sps,
             "images_per_s": sps * self.batch_size,
             "skipped_steps": skipped,
+            "data_wait_share": min(1.0, self._data_wait / elapsed) if elapsed > 0 else float("nan"),
+            "memory_gb": memory_gb(self.device),
             "peak_memory_gb": peak_memory_gb(self.device),
             "time": time.time(),
             **extra,
@@ -96,12 +131,15 @@ class Monitor:
                 if key not in ("step", "time") and isinstance(value, (int, float)):
                     self.tb.add_scalar(f"train/{key}", value, step)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}", it_s=f"{sps:.2f}", img_s=f"{sps * self.batch_size:.0f}")
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", it_s=f"{sps:.2f}", img_s=f"{sps * self.batch_size:.0f}",
+                                 data_wait=f"{record['data_wait_share']:.0%}", mem=f"{record['memory_gb']:.1f}G")
         else:
             print(f"step {step:>7d}  loss {record['loss']:.4f}  lr {lr:.2e}  {sps:.2f} steps/s  "
-                  f"{sps * self.batch_size:.0f} img/s", flush=True)
+                  f"{sps * self.batch_size:.0f} img/s  data wait {record['data_wait_share']:.0%}  "
+                  f"memory {record['memory_gb']:.2f} GB (peak {record['peak_memory_gb']:.2f})", flush=True)
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
         self._loss_sum = self._loss_count = None
+        self._data_wait = 0.0
 
     def write(self, text: str) -> None:
         if not self.enabled:
