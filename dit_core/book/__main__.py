@@ -1,4 +1,4 @@
-"""``python -m dit_core.book strip-outputs book/*.ipynb``: clear notebook outputs before a commit."""
+"""``python -m dit_core.book strip-outputs|add-box|timings ...``: keep the chapter notebooks clean, boxed and timed."""
 
 from .notebooks import main
 

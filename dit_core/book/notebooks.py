@@ -4,7 +4,9 @@ Each chapter's ``parameters`` cell defines ``SMOKE = False`` plus its cost knobs
 (tests/test_notebooks.py) inject ``SMOKE = True`` with papermill, and :func:`smoke_mode` lets a reader or a quick
 book build ask for the same tiny settings through the ``DIT_SMOKE`` environment variable.
 
-Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit.
+Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit;
+``python -m dit_core.book add-box book/NN.ipynb`` adds a chapter's "Running this chapter" box, and
+``python -m dit_core.book timings record|intro|show`` keeps the chapters' run times (:mod:`.timings`).
 """
 
 from __future__ import annotations
@@ -68,9 +70,24 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     strip = sub.add_parser("strip-outputs", help="clear outputs of notebooks in place (before a commit)")
     strip.add_argument("notebooks", nargs="+", type=Path)
-    args = parser.parse_args(argv)
+    box = sub.add_parser("add-box", help="insert the 'Running this chapter' box after a chapter's title")
+    box.add_argument("notebooks", nargs="+", type=Path)
+    sub.add_parser("timings", help="chapter run times (record a build's, rewrite the intro's table): "
+                                   "python -m dit_core.book timings --help", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "timings":
+        from .timings import main as timings_main
+
+        return timings_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     for nb in args.notebooks:
         if not nb.is_file():
             parser.error(f"{nb}: no such notebook")
-        print(f"{nb}: {'stripped' if strip_outputs(nb) else 'already clean'}")
+        if args.command == "add-box":
+            from .timings import add_box
+
+            print(f"{nb}: {'box added' if add_box(nb) else 'already has its box'}")
+        else:
+            print(f"{nb}: {'stripped' if strip_outputs(nb) else 'already clean'}")
     return 0
