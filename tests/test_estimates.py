@@ -26,14 +26,10 @@ RESULTS = REPO_ROOT / "benchmarks" / "results"
 BOOK = REPO_ROOT / "book"
 PAGES = sorted(BOOK.glob("*.md")) + sorted(BOOK.glob("*.ipynb"))
 
-#: Pages that still quote training or sampling times with their own peaks and utilisation. Issue 13's second
-#: pass makes them call dit_core.measure.estimates (chapter 05: its "How long does it take?" cell; chapter 07:
-#: its sampling-time cell, with the measured sampling MFU instead of an assumed 40 %). Strict: when a page is
-#: fixed, its entry must go.
-PENDING = {
-    "05_training.ipynb": "its training-time cell keeps its own peaks (RTX 3060 at 51) and an assumed 30 % MFU",
-    "07_sampling.ipynb": "its sampling-time cell keeps its own peaks and an assumed 40 % MFU (measured: 22 %)",
-}
+#: Pages that still quote training or sampling times with their own peaks and utilisation (strict: when a page is
+#: fixed, its entry must go). Empty since issue 13's second pass: chapter 05's training-time cell and chapter 07's
+#: sampling-time cell call dit_core.measure.estimates.
+PENDING: dict[str, str] = {}
 
 
 def _json(name: str) -> dict:
