@@ -242,7 +242,7 @@ def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
     """The ADM center crop used by DiT's data pipeline.
 
     1. While the short side is at least twice ``image_size``, halve the image with a BOX filter (an
-       exact average of 2x2 blocks: cheap and alias free).
+       exact average of 2x2 blocks: cheap, and it reduces aliasing).
     2. Resize with BICUBIC so that the short side equals ``image_size`` (sizes rounded to the nearest
        pixel).
     3. Cut the central ``image_size`` x ``image_size`` square.

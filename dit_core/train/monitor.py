@@ -12,7 +12,7 @@ process spent waiting for the next batch (the loop fetches batches through :meth
 wait for the GPU, so when the GPU is the bottleneck the process waits elsewhere and this share stays near 0, and when
 the loader is, the process waits here while the GPU runs out of queued work), ``memory_gb`` the memory in use
 at the end of the interval and ``peak_memory_gb`` the peak since the run started (on a GPU: tensors allocated by
-torch; on the CPU: the process's resident memory).
+torch; on the CPU: the process's resident memory), both in GiB (2^30 bytes), whatever the field names say.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Monitor:
         else:
             print(f"step {step:>7d}  loss {record['loss']:.4f}  lr {lr:.2e}  {sps:.2f} steps/s  "
                   f"{sps * self.batch_size:.0f} img/s  data wait {record['data_wait_share']:.0%}  "
-                  f"memory {record['memory_gb']:.2f} GB (peak {record['peak_memory_gb']:.2f})", flush=True)
+                  f"memory {record['memory_gb']:.2f} GiB (peak {record['peak_memory_gb']:.2f})", flush=True)
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
         self._loss_sum = self._loss_count = None
         self._data_wait = 0.0
