@@ -152,7 +152,7 @@ browser-test: setup
 # commit and the machine), and the intro's chapter table is regenerated from it (dit_core/book/timings.py): commit
 # both. The chapters' "Running this chapter" boxes read that file, so the next build shows these times.
 book: setup vendor
-	@start=$$(date +%s); \
+	start=$$(date +%s); \
 	JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS); \
 	"$(PYTHON)" -m dit_core.book timings record --build-dir _build --since $$start
 	@echo ">> book: file://$(CURDIR)/_build/html/index.html"
