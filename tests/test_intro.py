@@ -189,3 +189,10 @@ def test_render_intro_rewrites_only_the_time_columns():
     diff = [(a, b) for a, b in zip(text.splitlines(), out.splitlines()) if a != b]
     assert len(diff) == 2 and "04_diffusion.ipynb" in diff[0][1] and "| 1.2 min |" in diff[0][1]
     assert "**all**" in diff[1][1]
+
+
+def test_readme_counts_the_pages_of_the_toc():
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    pages = 1 + len(toc.get("chapters", []))  # the root (the introduction) and every chapter entry
+    said = re.findall(r"`_build/html/index\.html`: (\d+) pages", (REPO_ROOT / "README.md").read_text())
+    assert said == [str(pages)], f"README.md: the built book has {pages} pages (_toc.yml), the README says {said}"
