@@ -230,6 +230,7 @@ def sample_to_npz(
     seed = int(settings["seed"])
     bounds = shard_bounds(n, int(shard_size))
     todo = [k for k in range(len(bounds)) if not shard_path(folder, k).is_file()]
+    barrier()  # every process has listed the folder before any writes to it, so all see the same `todo`
     mine = assigned_shards(todo, rank, world_size)
     resumed = n - sum(b - a for a, b in (bounds[k] for k in todo))
 
