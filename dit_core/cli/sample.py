@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (1: none)")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
-    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++")
+    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun "
+                                                  "or euler-maruyama")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (ddpm 250, ddim 50, dpm-solver++ 25)")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM noise (0: deterministic)")
     p.add_argument("--seed", type=int, default=0, help="sample i uses seed + i, whatever the batch size")
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from dit_core.diffusion import create_diffusion
+    from dit_core.diffusion import create_process
     from dit_core.runtime import resolve_device, resolve_precision, set_threads
     from dit_core.sample import generate, load_model, parse_classes, save_grid, save_npz
 
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     labels = [c for c in classes for _ in range(args.per_class)]
     sampler = args.sampler or info.get("sampler") or "ddpm"
     steps = args.steps or (info.get("steps") if sampler == info.get("sampler") else None) or \
-        {"ddpm": 250, "ddim": 50}.get(sampler, 25)
+        {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250}.get(sampler, 25)
     cfg_scale = args.cfg_scale if args.cfg_scale is not None else (info.get("cfg_scale") or 4.0)
     if not num_classes:
         cfg_scale = 1.0
@@ -100,8 +101,9 @@ def main(argv=None) -> int:
         except (VAENotFoundError, OSError, ValueError) as err:
             print(f"dit-sample: this is a latent model and its VAE cannot be loaded: {err}", file=sys.stderr)
             return 2
-    diffusion = create_diffusion("", noise_schedule=info.get("noise_schedule", "linear"),
-                                 learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
+    # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
+    diffusion = create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
+                               learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
 
     start = time.perf_counter()
