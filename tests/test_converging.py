@@ -354,3 +354,15 @@ def test_representation_alignment_trains_on_latents(latents_with_features, tmp_p
     assert '"repa"' in (tmp_path / "run" / "metrics.jsonl").read_text()
     with pytest.raises(FileNotFoundError, match="no teacher features 'other'"):
         train(make_config(None, {**kw, "repa_teacher": "other", "out": str(tmp_path / "other")}))
+
+
+def test_the_feature_command_reads_released_weights(latents_with_features, tmp_path, capsys):
+    from dit_core.latents.features import main, verify_features
+
+    latents, teacher = latents_with_features
+    copy = tmp_path / "z"
+    shutil.copytree(latents, copy, ignore=shutil.ignore_patterns("teachers"))
+    torch.save(teacher.state_dict(), tmp_path / "dinov2_vitb14_pretrain.pth")  # the released layout, tiny
+    assert main([str(copy), "--weights", str(tmp_path / "dinov2_vitb14_pretrain.pth"), "--batch-size", "8"]) == 0
+    assert "21 images, 16x16 tokens of 64" in capsys.readouterr().out  # 224 px / patch 14
+    assert verify_features(copy / "teachers" / "dinov2-vitb14") == []
