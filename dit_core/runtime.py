@@ -146,6 +146,18 @@ def set_threads(n: int | None = None) -> int:
 # The precision
 # ----------------------------------------------------------------------------------------------------------
 
+def cuda_has_native_bf16() -> bool:
+    """True when the current CUDA GPU computes bf16 in hardware (compute capability 8.0, Ampere, and later).
+
+    ``torch.cuda.is_bf16_supported()`` also answers yes on older GPUs (T4, V100), where bf16 runs emulated and
+    slowly; that never counts here (``including_emulation=False``), so bf16 is never chosen where it is emulated.
+    """
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch without the argument (or a test's stand-in)
+        return bool(torch.cuda.is_bf16_supported())
+
+
 #: What a precision is for, which decides what ``"auto"`` means (:func:`resolve_precision`).
 PURPOSES = ("model", "reduced", "vae")
 
@@ -169,7 +181,7 @@ def auto_precision(purpose: str, device: torch.device) -> str:
     if device.type == "cuda":
         if purpose == "vae":
             return "fp16"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if cuda_has_native_bf16() else "fp16"
     if purpose == "reduced":
         return "bf16"
     if purpose == "model" and device.type == "cpu" and cpu_has_fast_bf16():
@@ -192,7 +204,7 @@ def resolve_precision(name: str, device: torch.device | str, purpose: str = "mod
         return auto_precision(purpose, device)
     if name not in DTYPES:
         raise ValueError(f"precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {name!r}")
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if name == "bf16" and device.type == "cuda" and not cuda_has_native_bf16():
         raise ValueError("this GPU has no bf16 support (it predates Ampere); use fp16 (with a gradient scaler) or fp32")
     return name
 

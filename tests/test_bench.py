@@ -70,10 +70,16 @@ def _grads_at_each_forward(key):
 def test_every_rung_runs_the_trainers_step_and_the_official_one_keeps_its_order():
     trainer, trainer_seen = _grads_at_each_forward("baseline")
     official, official_seen = _grads_at_each_forward("official")
-    for step in (trainer, official):
+    strict, strict_seen = _grads_at_each_forward("official-fp32")
+    for step in (trainer, official, strict):
         assert type(step) is TrainStep  # the step dit-train runs, not a copy of it
-        assert step.model.attn_backend == "math" and step.options.precision == "fp32"
-        assert not step.model.checkpointed_blocks
+        assert step.options.precision == "fp32" and not step.model.checkpointed_blocks
+    # the reference is the official train.py as it is: fused attention (timm's Attention calls sdpa) and TF32
+    # on; the strict-fp32 rung turns both off
+    assert official.model.attn_backend == "sdpa" and bench.RUNGS["official"].tf32
+    assert strict.model.attn_backend == "math" and not bench.RUNGS["official-fp32"].tf32
+    assert trainer.model.attn_backend == "math"
+    assert strict_seen == official_seen
     # dit-train frees the gradients after each update; the official train.py zeroes them after the forward
     # pass, so from the second step on the previous step's gradients are alive while the model runs
     assert trainer_seen == [False, False, False]
@@ -123,12 +129,21 @@ def test_optimizer_timings():
     assert rows["AdamW fused"]["state_bytes"] >= 8 * trainable  # two fp32 moments (+ step counters)
     assert rows["AdamW per-parameter"]["state_bytes"] == rows["AdamW fused"]["state_bytes"]
     assert "AdamW 8-bit (bitsandbytes)" in rows and "EMA update on cpu" in rows
+    staged = rows["EMA via staging buffers (CPU: code path)"]  # the CPU-EMA path runs; its GPU cost needs a GPU
+    assert staged["ms"] > 0 and not staged["pinned"]
+    assert rows["  the same with ema_every 4, per step"]["ms"] == pytest.approx(staged["ms"] / 4)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        assert rows["AdamW 8-bit (bitsandbytes)"]["status"].startswith("unavailable")
+    else:  # 8-bit moments: about a quarter of AdamW's state (small tensors keep fp32 moments)
+        assert rows["AdamW 8-bit (bitsandbytes)"]["state_bytes"] < 0.5 * rows["AdamW fused"]["state_bytes"]
 
 
 def test_run_benchmark_table_and_json(tmp_path):
     result = bench.run_benchmark(PIXEL, ["official", "baseline", "sdpa"], isolate=False, sampling=True)
     table = bench.format_table(result)
-    assert "official-style plain step" in table and "x official" in table and "sampling: ddim 2 steps" in table
+    assert "official train.py step (fp32+TF32, sdpa)" in table and "x official" in table and "sampling: ddim 2 steps" in table
     path = bench.save_result(result, tmp_path / "r.json")
     data = json.loads(path.read_text())
     assert [r["rung"] for r in data["rows"]] == ["official", "baseline", "sdpa"]
@@ -156,12 +171,14 @@ def test_repeats_pool_the_steps_in_alternating_order():
 
 def test_default_ladders():
     assert bench.default_rungs("cuda", pixel=False) == [
-        "official", "baseline", "ckpt", "amp", "latents", "sdpa", "tf32", "compile", "all", "all-no-ckpt"]
+        "official", "official-fp32", "baseline", "ckpt", "amp", "latents", "sdpa", "tf32", "compile", "all", "all-no-ckpt"]
     cpu = bench.default_rungs("cpu", pixel=True, compile=False)
     assert "tf32" not in cpu and "latents" not in cpu and "compile" not in cpu and "all" not in cpu
+    assert cpu[0] == "official" and "official-fp32" not in cpu  # no TF32 on a CPU: one reference
     assert cpu[-2:] == ["all-eager", "all-no-ckpt-eager"] and not bench.RUNGS["all-eager"].compile
     assert bench.device_peak_tflops("NVIDIA H100 80GB HBM3") == 989
-    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165
+    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165.2
+    assert bench.device_peak_tflops("NVIDIA H100 PCIe") == 756
     assert bench.device_peak_tflops("Tesla T4") is None
 
 

@@ -127,3 +127,74 @@ def test_dit_eval_cli(tmp_path, capsys, monkeypatch):
     assert main([str(tmp_path / "real.npz"), str(tmp_path / "real.npz")]) == 2
     err = capsys.readouterr().err
     assert "pt_inception" in err and "--digits" in err
+
+
+def test_running_statistics_equal_those_of_all_features_at_once():
+    rng = np.random.default_rng(1)
+    f = rng.normal(size=(103, 16)) * rng.uniform(0.1, 3, 16) + rng.uniform(-2, 5, 16)
+    running = fid.RunningStatistics()
+    for part in (f[:1], f[1:40], f[40:41], f[41:]):
+        running.add(part)
+    mu, sigma = running.result()
+    ref_mu, ref_sigma = fid.feature_statistics(f)
+    assert running.n == 103 and np.allclose(mu, ref_mu, rtol=1e-12, atol=1e-12)
+    assert np.allclose(sigma, ref_sigma, rtol=1e-10, atol=1e-12)
+
+
+def test_npz_images_are_read_in_chunks_from_inside_the_file(tmp_path):
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 256, size=(7, 5, 5, 3), dtype=np.uint8)
+    np.savez(tmp_path / "s.npz", arr_0=arr)
+    chunks = list(samples.iter_images(tmp_path / "s.npz", chunk=3))
+    assert [len(c) for c in chunks] == [3, 3, 1] and np.array_equal(np.concatenate(chunks), arr)
+    assert all(c.flags.writeable for c in chunks)
+    assert np.array_equal(np.concatenate(list(samples.iter_images(tmp_path / "s.npz", chunk=2, limit=3))), arr[:3])
+    assert samples.npz_image_shape(tmp_path / "s.npz") == (7, 5, 5, 3)
+    np.savez(tmp_path / "f.npz", arr_0=arr.astype(np.float32))
+    with pytest.raises(ValueError, match="uint8"):
+        next(samples.iter_images(tmp_path / "f.npz"))
+
+
+def test_reference_statistics_come_from_the_same_network_unless_asked(tmp_path, inception_file, capsys):
+    """A reference like ADM's VIRTUAL_imagenet256_labeled.npz: images and mu/sigma that another network made."""
+    from dit_core.cli.eval import main
+
+    rng = np.random.default_rng(0)
+    ref_images = rng.integers(0, 256, size=(4, 16, 16, 3), dtype=np.uint8)
+    ours = np.clip(ref_images.astype(int) + rng.integers(-40, 40, size=ref_images.shape), 0, 255).astype(np.uint8)
+    np.savez(tmp_path / "samples.npz", arr_0=ours)
+    tf_mu, tf_sigma = rng.normal(size=64), np.eye(64) * 0.5  # "TensorFlow" statistics: not our network's
+    np.savez(tmp_path / "adm.npz", arr_0=ref_images, mu=tf_mu, sigma=tf_sigma)
+    np.savez(tmp_path / "stats_only.npz", mu=tf_mu, sigma=tf_sigma)
+    # which statistics are used does not depend on the network: a fast stand-in with 64 features (the real
+    # random-weight Inception, 2048 features, runs in the dit-eval part below)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 64)).eval()
+    mu_s, sigma_s, _ = fid.image_statistics(tmp_path / "samples.npz", model)
+    mu_r, sigma_r, _ = fid.image_statistics(ref_images, model)
+
+    auto = fid.fid(tmp_path / "samples.npz", tmp_path / "adm.npz", inception=model)  # default: from its images
+    assert auto["fid"] == pytest.approx(fid.frechet_distance(mu_s, sigma_s, mu_r, sigma_r), rel=1e-9)
+    assert auto["reference_statistics"] == "images" and auto["num_reference"] == 4
+    assert len(auto["notes"]) == 1 and "were not used" in auto["notes"][0] and "TensorFlow" in auto["notes"][0]
+
+    stored = fid.fid(tmp_path / "samples.npz", tmp_path / "adm.npz", inception=model, reference_stats="stored")
+    assert stored["fid"] == pytest.approx(fid.frechet_distance(mu_s, sigma_s, tf_mu, tf_sigma))
+    assert stored["reference_statistics"] == "stored" and "mixes the features of two Inception" in stored["notes"][0]
+    only = fid.fid(tmp_path / "samples.npz", tmp_path / "stats_only.npz", inception=model)  # no images: stored
+    assert only["fid"] == pytest.approx(stored["fid"]) and "TensorFlow" in only["notes"][0]
+    with pytest.raises(ValueError, match="no images"):
+        fid.fid(tmp_path / "samples.npz", tmp_path / "stats_only.npz", inception=model, reference_stats="images")
+
+    # statistics we saved ourselves name their network: no note
+    fid.save_statistics(tmp_path / "ours.npz", mu_r, sigma_r, 4)
+    again = fid.fid(tmp_path / "samples.npz", tmp_path / "ours.npz", inception=model)
+    assert again["fid"] == pytest.approx(auto["fid"], rel=1e-9) and not again["notes"]
+
+    # dit-eval says it in plain words (two images a set keep the real network's CPU time short)
+    np.savez(tmp_path / "samples.npz", arr_0=ours[:2])
+    np.savez(tmp_path / "adm.npz", arr_0=ref_images[:2], mu=np.zeros(2048), sigma=np.eye(2048))
+    assert main([str(tmp_path / "samples.npz"), str(tmp_path / "adm.npz"), "--inception", str(inception_file),
+                 "--reference-stats", "stored"]) == 0
+    out = capsys.readouterr().out
+    assert "reference_statistics: stored" in out and "note:" in out and "mixes the features of two Inception" in out

@@ -17,8 +17,10 @@ INTRO = REPO_ROOT / "book" / "intro.md"
 
 
 def _chapters() -> list[str]:
+    """The notebooks of _toc.yml (chapters and appendix; pages such as the notation page are not in the map)."""
     toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
-    return [Path(c["file"]).name for c in toc.get("chapters", []) if "file" in c]
+    return [Path(c["file"]).name for c in toc.get("chapters", [])
+            if "file" in c and (REPO_ROOT / f"{c['file']}.ipynb").is_file()]
 
 
 def _table_rows(text: str, heading: str) -> list[str]:

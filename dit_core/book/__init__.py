@@ -4,7 +4,8 @@
 - :mod:`.notebooks`: :func:`smoke_mode` (tiny settings for tests and quick builds) and
   ``python -m dit_core.book strip-outputs book/*.ipynb``;
 - :mod:`.bench_data`: offline JPEG folders and samples-per-second timings for the data chapters;
-- :mod:`.toy`: the exact denoiser of a finite data set, chapter 04's toy model.
+- :mod:`.toy`: the exact denoiser of a finite data set, chapter 04's toy model;
+- :mod:`.figures`: figures drawn by code, such as chapter 03's DiT and its block (the paper's Figure 3).
 
 :func:`set_threads` (a sensible number of CPU threads for torch) lives in :mod:`dit_core.runtime`, where the
 library's command lines use it too; the chapters import it from here.

@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from dit_core.atomic import DiskFullError
     from dit_core.latents import LatentFormatError, extract_latents, verify
     from dit_core.vae import VAENotFoundError
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
                 num_workers=args.num_workers, shard_size=args.shard_size, resume=not args.no_resume,
                 overwrite=args.overwrite, max_batches=args.max_batches,
             )
-        except (VAENotFoundError, LatentFormatError, FileNotFoundError, ValueError) as err:
+        except (VAENotFoundError, LatentFormatError, FileNotFoundError, ValueError, DiskFullError) as err:
             print(f"dit-extract-latents: {err}", file=sys.stderr)
             return 2
         if not result["complete"]:

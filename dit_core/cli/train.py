@@ -10,6 +10,12 @@ key (``--key=value`` works too, a bare ``--flag`` means true). Hyphens and under
 spellings of the official ``train.py`` and of the single-GPU tutorials are accepted (``--global-batch-size``,
 ``--results-dir``, ``--gradient_accumulation_steps``, ``--use_checkpoint``, ...). ``dit-train --help`` lists
 every key.
+
+Stopping: SIGTERM, SIGUSR1 (what clusters and spot instances send before they stop a job) and Ctrl-C save a
+checkpoint at the end of the step in progress and stop; the exit status is then 128 + the signal number (143,
+138, 130), as for a process killed by it, so that a job script sees an unfinished run. A second Ctrl-C stops at
+once (exit status 130, the last checkpoint intact). Exit status 2: a configuration, data or checkpoint error or
+a full disk (the message says what to do); 3: training diverged (NaN/Inf).
 """
 
 from __future__ import annotations
@@ -71,19 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"dit-train: error: {err}", file=sys.stderr)
         return 2
+    from dit_core.atomic import DiskFullError
     from dit_core.checkpoint import CheckpointError
     from dit_core.train.guard import TrainingDiverged
     from dit_core.train.loop import train
+    from dit_core.train.preempt import exit_code
 
     try:
-        train(cfg)
-    except (ConfigError, FileNotFoundError, CheckpointError) as err:
+        summary = train(cfg)
+    except (ConfigError, FileNotFoundError, CheckpointError, DiskFullError) as err:
         print(f"dit-train: error: {err}", file=sys.stderr)
         return 2
     except TrainingDiverged as err:
         print(f"dit-train: {err}", file=sys.stderr)
         return 3
-    return 0
+    except KeyboardInterrupt:
+        print("dit-train: stopped at once by Ctrl-C; every checkpoint written before is intact", file=sys.stderr)
+        return 130
+    return exit_code(summary.get("interrupted"))
 
 
 if __name__ == "__main__":

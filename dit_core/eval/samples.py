@@ -2,13 +2,16 @@
 
 A sample set is uint8 ``(N, H, W, C)`` images with C 1 or 3 (what :func:`dit_core.sample.save_npz` writes as
 ``arr_0``), optionally with their ``labels``; :func:`to_float_images` turns it into the ``(N, C, H, W)`` floats in
-[-1, 1] that the models produce.
+[-1, 1] that the models produce. :func:`iter_images` reads a set in chunks (from inside the ``.npz`` without
+loading all of it: 50,000 images of 256 px are 9.8 GB), for statistics that never hold the whole set.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -67,3 +70,55 @@ def to_float_images(images) -> torch.Tensor:
     if x.dim() != 4:
         raise ValueError(f"images must be (N, C, H, W) floats or (N, H, W, C) uint8, got shape {tuple(x.shape)}")
     return x
+
+
+def npz_image_shape(path: str | os.PathLike, key: str = "arr_0") -> tuple[int, ...] | None:
+    """The shape of ``key`` in an ``.npz`` read from its header alone, or None when it has no such array."""
+    with zipfile.ZipFile(path) as zf:
+        if f"{key}.npy" not in zf.namelist():
+            return None
+        with zf.open(f"{key}.npy") as f:
+            shape, _, _ = _read_header(f)
+    return shape
+
+
+def _read_header(f):
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
+
+
+def iter_images(path: str | os.PathLike, chunk: int = 1000, limit: int | None = None) -> Iterator[np.ndarray]:
+    """The images of a sample set, ``chunk`` at a time (uint8 ``(n, H, W, C)``), the first ``limit`` only
+    when given. An ``.npz`` is read from inside its zip entry chunk by chunk (memory: one chunk), the way the
+    ADM evaluator reads its batches; other formats are loaded whole by :func:`load_images` and cut up."""
+    path = Path(path)
+    if path.suffix == ".npz" and path.is_file():
+        with zipfile.ZipFile(path) as zf:
+            if "arr_0.npy" not in zf.namelist():
+                raise ValueError(f"{path} holds {sorted(n[:-4] for n in zf.namelist())}, not 'arr_0' images")
+            with zf.open("arr_0.npy") as f:
+                shape, fortran, dtype = _read_header(f)
+                if len(shape) == 3:
+                    shape = (*shape, 1)
+                check_images(np.zeros((0, *shape[1:]), dtype), path)  # the errors of a whole read
+                if fortran:
+                    raise ValueError(f"{path}: arr_0 is stored in Fortran order; save it C-ordered (np.savez does)")
+                per_image = int(np.prod(shape[1:]))
+                n = shape[0] if limit is None else min(shape[0], int(limit))
+                for start in range(0, n, chunk):
+                    k = min(chunk, n - start)
+                    out = np.empty((k, *shape[1:]), np.uint8)
+                    view, got = memoryview(out).cast("B"), 0
+                    while got < len(view):
+                        read = f.readinto(view[got:])
+                        if not read:
+                            raise ValueError(f"{path} is truncated: arr_0 ends inside image {start + got // per_image}")
+                        got += read
+                    yield out
+        return
+    images, _ = load_images(path)
+    images = images if limit is None else images[:limit]
+    for start in range(0, len(images), chunk):
+        yield images[start : start + chunk]

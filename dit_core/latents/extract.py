@@ -14,6 +14,9 @@ changes to the public recipe:
 Latents are stored already multiplied by the scale factor 0.18215 (``manifest["scaled"]`` is true). Extraction
 is batched, shows a progress bar, and resumes after an interruption with a result identical to an
 uninterrupted run (batches are aligned to fixed positions, so each image is encoded in the same batch).
+A full disk stops it with a :class:`~dit_core.atomic.DiskFullError` that names the file, the space it needs and
+how far the extraction got (each shard file is reserved in full when it is opened, so the disk cannot fill
+in the middle of writing one).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..atomic import DiskFullError, disk_full_cause, free_bytes
 from ..data.images import ImageFolderDataset
 from ..runtime import DTYPES, resolve_device, resolve_precision, usable_cores
 from ..vae import DEFAULT_VAE, downsample_factor, encode_moments, load_vae, vae_scale
@@ -223,6 +227,10 @@ def extract_latents(
     except KeyboardInterrupt:
         print(f"\ninterrupted after {state['done']} of {count} images; run the same command again to resume")
         raise
+    except DiskFullError as err:
+        raise err.add(f"The {state['done']} of {count} images extracted so far are kept in {out_dir}; free space "
+                      f"(or choose an --out folder on a larger disk) and run the same command again: it resumes "
+                      f"at image {state['done']}.") from err.__cause__
     finally:
         if bar is not None:
             bar.close()
@@ -308,8 +316,26 @@ def _open_partial(out_dir: Path, shard: int, rows: int, latent_shape, storage_dt
                 )
         else:
             arr = np.lib.format.open_memmap(path, mode="w+", dtype=storage_dtype, shape=shape)
+        _reserve(path)
         arrays.append(arr)
     return (shard, *arrays)
+
+
+def _reserve(path: Path) -> None:
+    """Allocate the whole (sparse) shard file on disk now, so that a full disk is an error here, with the
+    file's name and size, and not a crash (SIGBUS) when a memory-mapped page is written later."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if disk_full_cause(err) is None:
+            return  # a file system without fallocate: the memmap works as before
+        raise DiskFullError(path, size, free_bytes(path.parent)) from err
+    finally:
+        os.close(fd)
 
 
 def _finish_shard(out_dir: Path, shard: int) -> dict:

@@ -14,14 +14,16 @@ import time
 
 import torch
 
-from ..runtime import DTYPES, cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, resolve_device, resolve_precision
-from ..runtime import usable_cores
+from ..runtime import DTYPES, cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, cuda_has_native_bf16, resolve_device
+from ..runtime import resolve_precision, usable_cores
 
 GIB = 1024**3
 
 # The profiles by GPU memory (GiB as torch reports it; a "24 GB" card shows about 23.6 GiB).
 # (upper bound in GiB, profile); above the last bound the profile depends on the architecture.
 PROFILE_BY_MEMORY = ((16, "rtx3060-12gb"), (30, "rtx3090-24gb"), (45, "a100-40gb"))
+#: The book's GPU track (DiT-B/2 on Imagenette, chapters 01-07) by the number format the card computes natively.
+TRACK_PROFILES = {"bf16": "imagenette-b2", "fp16": "imagenette-b2-fp16"}
 
 
 def cpu_info() -> dict:
@@ -140,6 +142,36 @@ def recommend_profile(report: dict) -> str:
     return "h100-80gb" if str(gpu["capability"]).startswith("9.") else "a100-80gb"
 
 
+def native_bf16(gpu: dict) -> bool:
+    """True for a GPU of compute capability 8.0 or later (Ampere, Ada, Hopper), whose tensor cores compute bf16.
+    Older cards (T4: 7.5, V100: 7.0) run bf16 only emulated, which PyTorch may report as "supported"."""
+    return int(str(gpu["capability"]).split(".")[0]) >= 8
+
+
+def recommend_track(report: dict) -> dict:
+    """The book's track for this machine, and the profiles to use.
+
+    - no CUDA GPU: the CPU track, ``digits`` (pixel space, minutes on a laptop);
+    - a CUDA GPU: the GPU track (Imagenette, DiT-B/2 in chapter 05), ``imagenette-b2`` in bf16 on cards with bf16
+      hardware, ``imagenette-b2-fp16`` (fp16 with a gradient scaler) on older ones. ``long_run`` is the DiT-XL/2
+      profile for the card (:func:`recommend_profile`), with ``long_run_overrides`` that switch it to fp16 where
+      bf16 would be emulated.
+    """
+    gpus = report.get("gpus") or []
+    if not report.get("cuda_available") or not gpus:
+        return {"track": "cpu", "profile": "digits", "precision": None, "long_run": None, "long_run_overrides": {},
+                "why": "no CUDA GPU: the chapters train and sample the digits in pixel space"}
+    gpu = gpus[0]
+    precision = "bf16" if native_bf16(gpu) else "fp16"
+    overrides = {} if precision == "bf16" else {"mixed_precision": "fp16", "tf32": False}
+    why = (f"{gpu['name']} (compute capability {gpu['capability']}, {gpu['memory_gib']} GiB): the chapters train "
+           f"DiT-B/2 on Imagenette latents in {precision}")
+    if precision == "fp16":
+        why += " with a gradient scaler (no bf16 hardware before compute capability 8.0; emulated bf16 is slow)"
+    return {"track": "gpu", "profile": TRACK_PROFILES[precision], "precision": precision,
+            "long_run": recommend_profile(report), "long_run_overrides": overrides, "why": why}
+
+
 def environment_report(probe_attention: bool = True) -> dict:
     """Everything ``dit-env`` prints, as plain data (JSON serialisable)."""
     cuda = torch.cuda.is_available()
@@ -152,7 +184,7 @@ def environment_report(probe_attention: bool = True) -> dict:
         "cuda_available": cuda,
         "gpus": [gpu_info(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "mps_available": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
-        "bf16_supported": bool(cuda and torch.cuda.is_bf16_supported()),
+        "bf16_supported": bool(cuda and cuda_has_native_bf16()),  # in hardware: emulation does not count
         "tf32_supported": bool(cuda and torch.cuda.get_device_capability(0)[0] >= 8),
         "tf32_matmul_enabled": _safe(lambda: torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn_enabled": _safe(lambda: torch.backends.cudnn.allow_tf32),
@@ -162,6 +194,7 @@ def environment_report(probe_attention: bool = True) -> dict:
         "attention": attention_backends() if probe_attention else {},
     }
     report["profile"] = recommend_profile(report)
+    report["track"] = recommend_track(report)
     report["notes"] = _notes(report)
     return report
 
@@ -232,6 +265,13 @@ def format_report(report: dict) -> str:
         f"RAM               {report['ram_gib']} GiB",
         f"profile           {report['profile']}",
     ]
+    track = report.get("track")
+    if track:
+        line = f"track             {track['track']}: chapters use {track['profile']}"
+        if track["track"] == "gpu":
+            flags = "".join(f" --{k.replace('_', '-')} {str(v).lower()}" for k, v in track["long_run_overrides"].items())
+            line += f" ({track['precision']}); DiT-XL/2: dit-train --config {track['long_run']}{flags}"
+        lines.append(line)
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)
 

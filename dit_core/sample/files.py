@@ -1,21 +1,26 @@
 """Samples to files and models from files: labelled PNG grids, the FID ``.npz``, and opening a checkpoint.
 
 :func:`save_grid` writes a labelled PNG grid (:func:`make_grid` returns it for a notebook); :func:`save_npz` the
-``.npz`` of the official FID tooling (``arr_0``: uint8 N x H x W x C) plus ``labels``. :func:`load_model` opens
-anything ``dit-sample --ckpt`` accepts: a dit_core run or checkpoint, an official ``.pt``, or a diffusers folder,
-and says what the file tells about sampling it.
+``.npz`` of the official FID tooling (``arr_0``: uint8 N x H x W x C) plus ``labels``, and
+:func:`write_npz_stream` the same file from a stream of image chunks, without ever holding all of them (50,000
+images of 256 px are 9.8 GB). :func:`load_model` opens anything ``dit-sample --ckpt`` accepts: a dit_core run or
+checkpoint, an official ``.pt``, or a diffusers folder, and says what the file tells about sampling it.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import zipfile
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
 
-from ..vae import OFFICIAL_VAE
+from ..vae import OFFICIAL_VAE, SD_VAES
+from .samplers import has_null_class
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -42,6 +47,55 @@ def save_npz(path: str | os.PathLike, images, labels=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **data)
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def _npy_header(shape, dtype) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)})
+    return buf.getvalue()
+
+
+def _zip_entry(name: str) -> zipfile.ZipInfo:
+    # a fixed date (zip's earliest), so that the same arrays always give the same bytes (np.savez stamps the time)
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    info.external_attr = 0o644 << 16
+    return info
+
+
+def write_npz_stream(f, chunks: Iterable[np.ndarray], shape, labels=None) -> int:
+    """Write the FID ``.npz`` (``arr_0`` uint8 ``shape`` = N x H x W x C, optional ``labels``) to the open,
+    seekable binary file ``f``, from ``chunks`` of images in order; returns the number of images written.
+
+    The file is what :func:`save_npz` and ``np.savez`` write (an uncompressed zip of ``.npy`` entries, read by
+    ``np.load``, ``dit-eval`` and the ADM evaluator), but ``arr_0`` is streamed into its zip entry one chunk at
+    a time, so memory stays at one chunk whatever N is; its zip entries carry a fixed date, so the same images
+    always give the same bytes.
+    """
+    shape = tuple(int(s) for s in shape)
+    done = 0
+    with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
+        with zf.open(_zip_entry("arr_0.npy"), "w", force_zip64=True) as entry:
+            entry.write(_npy_header(shape, np.uint8))
+            for chunk in chunks:
+                chunk = np.ascontiguousarray(chunk)
+                if chunk.dtype != np.uint8 or chunk.shape[1:] != shape[1:]:
+                    raise ValueError(f"image chunk {chunk.dtype} {chunk.shape} does not fit uint8 {shape}")
+                if done + len(chunk) > shape[0]:
+                    raise ValueError(f"more than the {shape[0]} images announced")
+                entry.write(chunk.data)
+                done += len(chunk)
+            if done != shape[0]:
+                raise ValueError(f"{done} images written, {shape[0]} announced")
+        if labels is not None:
+            labels = np.ascontiguousarray(np.asarray(labels, dtype=np.int64).reshape(-1))
+            if len(labels) != shape[0]:
+                raise ValueError(f"{shape[0]} images but {len(labels)} labels")
+            with zf.open(_zip_entry("labels.npy"), "w", force_zip64=True) as entry:
+                entry.write(_npy_header(labels.shape, np.int64))
+                entry.write(labels.data)
+    return done
 
 
 def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None, labels=None,
@@ -93,10 +147,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
 
     ``path``: a dit_core run folder (its ``checkpoints/last.pt``) or checkpoint, an official ``.pt`` (e.g.
     ``DiT-XL-2-256x256.pt``), a ``.safetensors`` state dict, or a diffusers ``DiTPipeline`` folder. ``info``
-    holds what the file says about sampling it: ``space`` ("pixel" or "latent"), ``vae`` (a name or folder, or
-    None), ``label_names``, ``objective`` ("ddpm", or "flow": sample with the process of
-    :func:`dit_core.diffusion.create_process`), ``noise_schedule``/``diffusion_steps``, and the run's sampling settings
-    (``sampler``, ``steps``, ``cfg_scale``) when it has them.
+    holds what the file says about sampling it: ``kind`` ("dit_core", "official": a bare latent state dict or
+    an official ``train.py`` checkpoint, "state_dict", "diffusers"), ``space`` ("pixel" or "latent"), ``vae`` (a
+    name or folder, or None), ``label_names``, ``objective`` ("ddpm", or "flow": sample with the process of
+    :func:`dit_core.diffusion.create_process`), ``noise_schedule``/``diffusion_steps``, ``null_class`` (whether
+    guidance is possible), and the sampling settings (``sampler``, ``steps``, ``cfg_scale``, for an official
+    checkpoint also ``guidance_channels``): the run's, or for an official checkpoint those of the official
+    ``sample.py``.
     """
     from ..checkpoint import load_dit
     from ..interop import is_diffusers_folder, load_diffusers
@@ -133,10 +190,14 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
         )
         if latent and not info["vae"]:
             info["vae"] = _vae_of_latents(config.get("latents_path") or config.get("data_path"))
-    else:  # a bare state dict: the official checkpoints are latent models of SD's VAE
+    else:  # a bare state dict or an official train.py checkpoint: the official models are latent models of SD's VAE
         latent = model.in_channels == 4
-        info.update(kind="official" if latent else "state_dict", space="latent" if latent else "pixel", vae=OFFICIAL_VAE if latent else None, label_names=None,
-                    sampler="ddpm", steps=250, cfg_scale=4.0)
+        vae = getattr(model, "checkpoint_meta", {}).get("vae")  # an official train.py checkpoint names its VAE
+        # the official sample.py's settings: 250 DDPM steps, guidance 4.0 on 3 channels, the "mse" VAE by default
+        info.update(kind="official" if latent else "state_dict", space="latent" if latent else "pixel",
+                    vae=(SD_VAES.get(vae, OFFICIAL_VAE) if latent else None), label_names=None,
+                    sampler="ddpm", steps=250, cfg_scale=4.0, guidance_channels=3 if latent else None)
+    info["null_class"] = has_null_class(model)
     return model, info
 
 

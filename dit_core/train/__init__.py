@@ -6,7 +6,8 @@
                        ``dit-bench`` times
 - :mod:`.batches`      data order and per-sample random numbers as functions of ``(seed, step)``
 - :mod:`.ema`          the exponential moving average of the weights
-- :mod:`.guard`        the NaN/Inf guard
+- :mod:`.guard`        the NaN/Inf guard (its verdict stays on the device)
+- :mod:`.preempt`      SIGTERM, SIGUSR1 and Ctrl-C: save at the next step boundary and stop cleanly
 - :mod:`.state`        checkpoints with everything needed to resume exactly
 - :mod:`.monitor`      progress bar, metrics.jsonl, TensorBoard, summary
 - :mod:`.distributed`  torchrun + DistributedDataParallel
@@ -22,7 +23,6 @@ Example::
 """
 
 from .config import ConfigError, TrainConfig, make_config
-from .guard import TrainingDiverged
 
 __all__ = ["ConfigError", "TrainConfig", "TrainingDiverged", "make_config", "train"]
 
@@ -32,4 +32,8 @@ def __getattr__(name):
         from .loop import train
 
         return train
+    if name == "TrainingDiverged":  # so does the guard
+        from .guard import TrainingDiverged
+
+        return TrainingDiverged
     raise AttributeError(f"module 'dit_core.train' has no attribute {name!r}")

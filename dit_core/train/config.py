@@ -98,6 +98,9 @@ class TrainConfig:
     batch_size: int = _f(256, "global batch: images per optimizer step, over all processes and accumulation")
     grad_accum: int = _f(1, "micro-batches accumulated per step; micro-batch = batch_size / (grad_accum x "
                             "processes)")
+    optimizer: Literal["adamw", "adamw8bit"] = _f("adamw", "adamw (PyTorch's, as the paper) or adamw8bit "
+                                                  "(bitsandbytes' 8-bit AdamW, 6 bytes per parameter less; "
+                                                  "pip install -e \".[lowmem]\")")
     lr: float = _f(1e-4, "AdamW learning rate (peak, after warmup)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_betas: list = _f([0.9, 0.999], "AdamW betas")
@@ -109,6 +112,8 @@ class TrainConfig:
     ema_decay: float = _f(0.9999, "decay of the exponential moving average of the weights")
     ema_warmup: bool = _f(False, "ramp the EMA decay as min(decay, (1+n)/(10+n)) for short runs")
     ema_device: Literal["same", "cpu"] = _f("same", "where the EMA weights live: same (as the model) or cpu (saves GPU memory)")
+    ema_every: int = _f(1, "update the EMA every N optimizer steps with the decay raised to N (the same "
+                           "average; cheaper with the EMA on the CPU)")
     mixed_precision: Literal["auto", "bf16", "fp16", "fp32"] = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 on GPUs that "
                                       "have it and on CPUs with AMX/AVX512-BF16, fp16 on older GPUs, else fp32")
     tf32: bool = _f(True, "allow TF32 matmuls on Ampere and newer GPUs")
@@ -124,6 +129,8 @@ class TrainConfig:
                                    "checkpoint path")
     log_every: int = _f(100, "steps between log lines and metric records")
     ckpt_every: int = _f(5000, "steps between checkpoints (last.pt; the last step is always saved)")
+    ckpt_every_minutes: float = _f(0.0, "also save last.pt when this many minutes passed since the last save "
+                                        "(0: off); SIGTERM, SIGUSR1 and Ctrl-C save and stop in any case")
     keep_every: int = _f(0, "also keep a copy checkpoints/step_XXXXXXX.pt every N steps (0: never)")
     sample_every: int = _f(0, "steps between sample grids from the EMA model (0: only at the end)")
     sample_at_end: bool = _f(True, "write a sample grid when the run ends")
@@ -318,6 +325,10 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"log_every ({cfg.log_every}) and ckpt_every ({cfg.ckpt_every}) must be >= 1")
     if cfg.sample_every < 0 or cfg.keep_every < 0 or cfg.subset < 0:
         problems.append("sample_every, keep_every and subset must be >= 0 (0 switches them off)")
+    if cfg.ema_every < 1:
+        problems.append(f"ema_every must be >= 1 (1: every step), got {cfg.ema_every}")
+    if cfg.ckpt_every_minutes < 0:
+        problems.append(f"ckpt_every_minutes must be >= 0 (0 switches it off), got {cfg.ckpt_every_minutes}")
     if not 0.0 <= cfg.ema_decay < 1.0:
         problems.append(f"ema_decay must be in [0, 1), got {cfg.ema_decay}")
     if cfg.channels not in (1, 3):

@@ -8,7 +8,13 @@ its EMA, AdamW, the diffusion and the training step, resume if asked, then repea
    drops) from ``(seed, step)``; for each micro-batch drop labels to the null class (classifier-free
    guidance), compute the hybrid loss under autocast and backpropagate ``loss / grad_accum``; then unscale
    (fp16), clip, check for NaN/Inf, and apply the AdamW step and the EMA update, or skip the step;
-3. log; save a checkpoint every ``ckpt_every`` steps; write a sample grid every ``sample_every`` steps.
+3. log; save a checkpoint every ``ckpt_every`` steps (and every ``ckpt_every_minutes``); write a sample grid
+   every ``sample_every`` steps; after SIGTERM, SIGUSR1 or Ctrl-C, save and stop (:mod:`.preempt`).
+
+The loop reads numbers from the device only when it logs, saves or stops (:mod:`.guard` explains why), and
+a checkpoint is a pure function of (config, seed, step): every random number comes from ``(seed, step)``, and
+the global generators of torch, numpy and Python are seeded from the seed (per process) and stored, so a
+resumed run stores exactly what an uninterrupted one does.
 
 The helpers above :func:`train` make the decisions one at a time (which data, which model, which step);
 each is a few lines long.
@@ -19,22 +25,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from ..atomic import DiskFullError, atomic_write_text
 from ..diffusion import create_process
 from ..models import DiT, model_kwargs
 from ..runtime import resolve_precision, set_tf32
 from . import distributed
-from .batches import DataOrder, MicroBatches, SeededItems
+from .batches import DataOrder, MicroBatches, SeededItems, derive_seed
 from .config import ConfigError, TrainConfig, save_yaml, to_dict
 from .ema import create_ema
 from .guard import TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
 from .objectives import build_objective
+from .preempt import StopSignals, ignore_stop_signals
 from .state import load_checkpoint, save_checkpoint
 from .step import StepOptions, TrainStep, compile_blocks
 
@@ -46,7 +56,8 @@ from .step import StepOptions, TrainStep, compile_blocks
 def step_options(cfg: TrainConfig, precision: str) -> StepOptions:
     """How the training step runs, from the config (and the precision chosen for this device)."""
     return StepOptions(grad_accum=cfg.grad_accum, precision=precision, grad_clip=cfg.grad_clip,
-                       max_bad_steps=cfg.max_bad_steps, ema_decay=cfg.ema_decay, ema_warmup=cfg.ema_warmup)
+                       max_bad_steps=cfg.max_bad_steps, ema_decay=cfg.ema_decay, ema_warmup=cfg.ema_warmup,
+                       ema_every=cfg.ema_every)
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -134,13 +145,46 @@ def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
                grad_checkpointing=cfg.grad_checkpointing)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
-    tensor instead of one per operation: ~4x faster on the CPU, measured) where the device has it."""
-    fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
+    tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
+    device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
+    2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw8bit":
+        bnb = import_bitsandbytes()
+        # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0
+        return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=1e-8,
+                                   weight_decay=cfg.weight_decay)
+    fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
                              fused=fused or None)
+
+
+def import_bitsandbytes():
+    """bitsandbytes, or a :class:`ConfigError` that says how to install it."""
+    try:
+        with warnings.catch_warnings():  # its import warns about torch internals it uses
+            warnings.simplefilter("ignore")
+            import bitsandbytes
+    except ImportError:
+        raise ConfigError(
+            "--optimizer adamw8bit needs bitsandbytes, which is not installed: pip install -e \".[lowmem]\" "
+            "(or pip install bitsandbytes); or train with --optimizer adamw"
+        ) from None
+    except Exception as err:  # noqa: BLE001 - a broken install (missing CUDA libraries, ...)
+        raise ConfigError(f"--optimizer adamw8bit: bitsandbytes does not load here ({type(err).__name__}: "
+                          f"{err}); reinstall it (pip install -e \".[lowmem]\") or use --optimizer adamw") from None
+    return bitsandbytes
+
+
+def seed_global_generators(seed: int, rank: int) -> None:
+    """Seed torch's, numpy's and Python's global generators from the run's seed, one stream per process: the
+    training draws its numbers from ``(seed, step)``, but whatever else draws from them (a library, code added
+    to the loop) then starts from the same state in every run, and the checkpoint stores these states."""
+    torch.manual_seed(seed + rank)
+    np.random.seed(derive_seed(seed, rank, 11) % 2**32)
+    random.seed(derive_seed(seed, rank, 12))
 
 
 def resume_path(cfg: TrainConfig, out: Path) -> Path | None:
@@ -236,7 +280,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
                         seed=cfg.seed, procs=procs, train_model=train_model, objective=objective)
     extras = objective.extras if objective is not None else None  # saved in checkpoints beside the DiT
-    torch.manual_seed(cfg.seed + procs.rank)  # torch's global generator, per process (the step draws from its own)
+    seed_global_generators(cfg.seed, procs.rank)  # per process (the step draws from its own generators)
 
     # -- resume -------------------------------------------------------------------------------------------
     step, samples_seen, loss_value = 0, 0, float("nan")
@@ -270,57 +314,78 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     else:
         loader = torch.utils.data.DataLoader(
             SeededItems(dataset), batch_sampler=sampler, num_workers=cfg.num_workers,
-            pin_memory=device.type == "cuda", persistent_workers=False,
+            pin_memory=device.type == "cuda", persistent_workers=False, worker_init_fn=ignore_stop_signals,
+            # its own generator: creating the iterator then draws nothing from torch's global one
+            generator=torch.Generator().manual_seed(derive_seed(cfg.seed, procs.rank, 13)),
         )
         micro_batches = iter(loader)
 
     # -- the loop -----------------------------------------------------------------------------------------
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
+    micro_batches = monitor.timed(micro_batches)  # the time the step waits for data goes into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
     start_step, last_grid = step, (grids[-1] if grids else None)
+    saved = Saved(step if ckpt_path is not None else None, time.monotonic())
+    stopped = None
     t_loop = time.perf_counter()
-    try:
-        while step < cfg.max_steps:
-            # 1. learning rate
-            lr = learning_rate(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            # 2-4. the step: its random numbers, the micro-batches, the checked update (dit_core.train.step)
-            result = stepper(step, micro_batches)
-            if result.skipped is not None:
-                monitor.write(f"step {step + 1}: skipped ({result.skipped}); weights unchanged")
-            loss_value, grad_value = result.values()
-            step += 1
-            samples_seen += cfg.batch_size
+    with StopSignals(procs) as stop:
+        try:
+            while step < cfg.max_steps:
+                # 1. learning rate
+                lr = learning_rate(step, cfg)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                # 2-4. the step: its random numbers, the micro-batches, the checked update (dit_core.train.step)
+                result = stepper(step, micro_batches)
+                step += 1
+                samples_seen += cfg.batch_size
+                stopped = stop.agreed()  # a stop signal (on any process): save and leave after this step
 
-            # 5. log, checkpoint, sample
-            log_now = step % cfg.log_every == 0 or step == cfg.max_steps
-            extra = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()
-                     if log_now}  # the loss terms, averaged over processes (read only when logged: a GPU sync)
-            monitor.update(step, loss_value, lr, grad_value, stepper.guard.skipped, extra, force=step == cfg.max_steps)
-            if procs.is_main and (step % cfg.ckpt_every == 0 or step == cfg.max_steps):
-                with monitor.pause():
-                    ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step, samples_seen=samples_seen,
-                                ema_updates=stepper.ema_updates, config=run_config, dataset_size=len(dataset),
-                                metrics={"loss": loss_value, "train_seconds": time.perf_counter() - t_loop},
-                                extras=extras)
-                    save_checkpoint(out / "checkpoints" / "last.pt", **ckpt)
-                    if cfg.keep_every and step % cfg.keep_every == 0:
-                        save_checkpoint(out / "checkpoints" / f"step_{step:07d}.pt", **ckpt)
-            grid_now = cfg.sample_every and step % cfg.sample_every == 0
-            if procs.is_main and (grid_now or (step == cfg.max_steps and cfg.sample_at_end)):
-                with monitor.pause():
-                    last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
-                    if last_grid is not None:
-                        monitor.image("samples", last_grid, step)
-    except TrainingDiverged as err:
-        monitor.write(str(err))
-        monitor.close()
-        distributed.cleanup(procs)
-        raise
+                # 5. log (the only place where the loop reads the device), checkpoint, sample
+                log_now = step % cfg.log_every == 0 or step == cfg.max_steps or stopped is not None
+                if log_now:
+                    stepper.guard.read()  # reports skipped steps; a run of bad ones raises TrainingDiverged
+                for message in stepper.guard.take_messages():
+                    monitor.write(message)
+                extra = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()
+                         if log_now}  # the loss terms, averaged over processes
+                monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, extra,
+                               force=step == cfg.max_steps or stopped is not None)
+                save_now = (step % cfg.ckpt_every == 0 or step == cfg.max_steps or stopped is not None
+                            or saved.minutes_ago() >= (cfg.ckpt_every_minutes or math.inf))
+                if procs.is_main and save_now:
+                    with monitor.pause():
+                        ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step,
+                                    samples_seen=samples_seen, ema_updates=stepper.ema_updates, config=run_config,
+                                    dataset_size=len(dataset),
+                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop},
+                                    extras=extras)
+                        names = ["last.pt"] + ([f"step_{step:07d}.pt"] if cfg.keep_every and step % cfg.keep_every == 0
+                                               else [])
+                        for name in names:
+                            save_or_explain(out / "checkpoints" / name, ckpt, saved, out)
+                        saved.step, saved.time = step, time.monotonic()
+                if stopped is not None:
+                    break
+                grid_now = cfg.sample_every and step % cfg.sample_every == 0
+                if procs.is_main and (grid_now or (step == cfg.max_steps and cfg.sample_at_end)):
+                    with monitor.pause():
+                        last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
+                        if last_grid is not None:
+                            monitor.image("samples", last_grid, step)
+        except TrainingDiverged as err:
+            monitor.write(str(err))
+            raise
+        finally:
+            monitor.close()
+            if procs.is_main and stopped is None and step < cfg.max_steps:  # an error, or a second Ctrl-C
+                print(f"dit-train: stopped at step {step}; the last checkpoint is "
+                      + (f"step {saved.step} ({out / 'checkpoints' / 'last.pt'})" if saved.step else "none"),
+                      flush=True)
+            if stopped is None and step < cfg.max_steps:
+                distributed.cleanup(procs)
     train_seconds = time.perf_counter() - t_loop
-    monitor.close()
 
     steps_done = step - start_step
     summary = {
@@ -338,12 +403,43 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         "checkpoint": str(out / "checkpoints" / "last.pt"),
         "samples": str(last_grid) if last_grid else None,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
+        "interrupted": stopped,
     }
     if procs.is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         print(format_summary(summary), flush=True)
+        if stopped is not None:
+            print(f"\nstopped by {stopped} after step {step} of {cfg.max_steps}: checkpoint saved to "
+                  f"{out / 'checkpoints' / 'last.pt'}.\nContinue with: dit-train --config {out / 'config.yaml'} "
+                  "--resume true", flush=True)
     distributed.cleanup(procs)
     return summary
+
+
+class Saved:
+    """When the last checkpoint was written: its step (None: none yet) and its ``time.monotonic()``."""
+
+    def __init__(self, step: int | None, when: float):
+        self.step, self.time = step, when
+
+    def minutes_ago(self) -> float:
+        return (time.monotonic() - self.time) / 60
+
+
+def save_or_explain(path: Path, ckpt: dict, saved: Saved, out: Path) -> None:
+    """:func:`save_checkpoint`; on a full disk, say which checkpoint is intact and how to continue."""
+    try:
+        save_checkpoint(path, **ckpt)
+    except DiskFullError as err:
+        last = out / "checkpoints" / "last.pt"
+        if path.name != "last.pt":
+            intact = f"The checkpoint {last} of this step (step {ckpt['step']}) was written and is intact."
+        elif saved.step is not None:
+            intact = f"The previous checkpoint {last} (step {saved.step}) is intact."
+        else:
+            intact = "No checkpoint of this run was written before, so nothing is lost but the steps so far."
+        raise err.add(f"{intact} Free space on that disk (or copy the run folder to a larger one) and continue "
+                      f"with: dit-train --config {out / 'config.yaml'} --resume true") from err.__cause__
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -351,14 +447,25 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 _VAES: dict = {}
+#: Latents decoded at a time for a grid: SD's VAE decoder holds 128 x 256 x 256 fp32 activations per 256 px image
+#: (32 MB each, several alive at once), so 40 grid images in one decode would need several GB in the middle of
+#: a run sized to fit the card; 8 at a time keep that to about 1 GB (an estimate from the shapes).
+GRID_DECODE_BATCH = 8
 
 
 def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes, is_latent: bool, dataset,
                 device) -> Path | None:
     """A grid from the EMA model: one row per class (``sample_per_class`` each), fixed seeds, so grids of
     successive steps show the same noise becoming better digits/images. Returns the PNG path (None when the
-    latents' VAE cannot be loaded here)."""
-    from ..sample import generate, save_grid
+    latents' VAE cannot be loaded here).
+
+    The grid samples on the training device in the training precision, and leaves the EMA as it is: an EMA
+    kept on the CPU (``ema_device: cpu``) is sampled through a temporary copy on the GPU (in bf16: 2 bytes a
+    parameter, 1.35 GB for DiT-XL/2), freed afterwards (:func:`dit_core.sample.generate`); latents are decoded
+    :data:`GRID_DECODE_BATCH` at a time. A model trained with ``class_dropout_prob:
+    0`` has no null class, so its grids sample without guidance (cfg 1), with a note."""
+    from ..data.images import present_labels
+    from ..sample import generate, has_null_class, save_grid
 
     vae, scale = None, None
     if is_latent:
@@ -368,16 +475,21 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
             return None
     num_classes = ema.num_classes
     if num_classes:
-        shown = cfg.sample_classes if cfg.sample_classes is not None else list(range(min(10, num_classes)))
+        shown = cfg.sample_classes if cfg.sample_classes is not None else present_labels(dataset)[:10]
         labels = [int(c) for c in shown for _ in range(cfg.sample_per_class)]
         names = [str(classes[c]) if c < len(classes) else str(c) for c in labels]
         nrow = cfg.sample_per_class
     else:
         labels, names, nrow = 16, None, 4
+    cfg_scale = cfg.sample_cfg_scale if num_classes else 1.0
+    if cfg_scale != 1.0 and not has_null_class(ema):
+        warnings.warn(f"sample grids without guidance (cfg 1, not {cfg_scale}): class_dropout_prob 0 trains no null "
+                      "class to guide with", stacklevel=2)
+        cfg_scale = 1.0
     with torch.random.fork_rng(devices=[]):  # leave the training process's generators untouched
-        images = generate(ema, diffusion, labels, cfg_scale=cfg.sample_cfg_scale if num_classes else 1.0,
-                          sampler=cfg.sample_sampler, steps=cfg.sample_steps, seed=cfg.seed, device=device,
-                          vae=vae, vae_scale=scale)
+        images = generate(ema, diffusion, labels, cfg_scale=cfg_scale, sampler=cfg.sample_sampler,
+                          steps=cfg.sample_steps, seed=cfg.seed, device=device, vae=vae, vae_scale=scale,
+                          amp=resolve_precision(cfg.mixed_precision, device), decode_batch_size=GRID_DECODE_BATCH)
     path = out / "samples" / f"step_{step:07d}.png"
     save_grid(images, path, nrow=nrow, labels=names)
     return path

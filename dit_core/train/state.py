@@ -1,16 +1,17 @@
 """Training checkpoints: everything a run needs to continue exactly where it stopped.
 
-A checkpoint is a plain dict, written atomically (:func:`dit_core.checkpoint.atomic_save`: a kill while
-saving leaves the previous ``last.pt`` intact) and readable with ``torch.load(weights_only=True)``:
+A checkpoint is a plain dict, written atomically (:func:`dit_core.atomic.atomic_write`: a kill or a full disk
+while saving leaves the previous ``last.pt`` intact) and readable with ``torch.load(weights_only=True)``:
 
 =============  =======================================================================================
 ``model``      the trained weights (no ``module.``/``_orig_mod.`` prefixes, whatever wrapped the model)
 ``ema``        the EMA weights, which :func:`dit_core.load_dit` prefers
-``opt``        AdamW's state (moments, step counts) and hyper-parameters
+``opt``        the optimizer's state (AdamW: moments, step counts; 8-bit AdamW: byte moments, block scales)
 ``scaler``     the fp16 gradient scaler (its loss scale), or None
 ``step``       optimizer steps done
 ``data``       the data position: ``samples_seen`` of the stream, the seed and the dataset size
-``rng``        the torch (CPU and CUDA), numpy and Python generator states of process 0
+``rng``        the torch (CPU and CUDA), numpy and Python generator states of process 0 (seeded from the
+               run's seed, so that they too are a function of (config, seed, step))
 ``ema_updates``  EMA updates done (the EMA warmup counts them)
 ``config``     the resolved training config, with ``model_config`` (the DiT constructor arguments)
 ``metrics``    the last logged loss, wall time so far
@@ -33,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError, atomic_save, check_state_dict, read_checkpoint
+from ..atomic import atomic_write
+from ..checkpoint import CheckpointError, check_state_dict, read_checkpoint
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -91,7 +93,18 @@ def save_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, step: i
     }
     if extras is not None:
         state["extras"] = extras.state_dict()
-    return atomic_save(state, path)
+    return atomic_write(path, lambda f: torch.save(state, f), size_hint=tensor_bytes(state))
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a nested dict/list (about the size ``torch.save`` writes)."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset_size: int, seed: int,

@@ -11,7 +11,11 @@ diffusion, the NaN guard) and, called with a step number and the micro-batches, 
    with the model under autocast; backpropagate ``loss / grad_accum`` (through the scaler in fp16). Gradients
    add up, so ``grad_accum`` micro-batches of ``m`` give the gradient of one batch of ``grad_accum * m``;
 3. unscale (fp16), clip the gradient norm, and check loss and norm for NaN/Inf; apply the AdamW step and
-   update the EMA, or skip the step.
+   update the EMA, or skip the step. With PyTorch's fused AdamW (the default on GPUs and CPUs) the skip happens
+   on the device: the guard's verdict is a tensor, passed to the fused kernel as ``found_inf`` (as the fp16
+   gradient scaler does) and used as a mask by the EMA update, so a step needs no host-device
+   synchronisation (:mod:`dit_core.train.guard` says when the loop reads it). Other optimizers (8-bit AdamW,
+   non-fused AdamW) read the verdict each step.
 
 How it runs is plain data (:class:`StepOptions`): the trainer's defaults, or the official ``train.py``'s
 step (:meth:`StepOptions.official`), which the benchmark ladder uses as its reference. With an ``objective``
@@ -31,7 +35,7 @@ from ..runtime import autocast
 from ..vae import sample_latents
 from . import distributed
 from .batches import micro_slice, step_draws
-from .ema import ema_decay_at, update_ema
+from .ema import EmaUpdater
 from .guard import NanGuard
 
 
@@ -50,12 +54,15 @@ class StepOptions:
     zero_grad: str = "end"
     ema_decay: float = 0.9999
     ema_warmup: bool = False
+    ema_every: int = 1  # update the EMA every N optimizer steps, with the decay raised to N
 
     def __post_init__(self):
         if self.zero_grad not in ("end", "before_backward"):
             raise ValueError(f"zero_grad must be 'end' or 'before_backward', got {self.zero_grad!r}")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.ema_every < 1:
+            raise ValueError(f"ema_every must be >= 1, got {self.ema_every}")
 
     @classmethod
     def official(cls, **overrides) -> "StepOptions":
@@ -71,7 +78,8 @@ class StepResult:
     loss: torch.Tensor  # the mean loss over the global batch (all micro-batches and processes)
     grad_norm: torch.Tensor | None  # the gradient norm before clipping; None when neither clipped nor guarded
     terms: dict = field(default_factory=dict)  # the loss terms ("mse", "vb"), averaged over the micro-batches
-    skipped: str | None = None  # the guard's reason when the update was skipped
+    skipped: str | None = None  # the guard's report when it read the verdict and skipped (None: applied or
+    # not known yet: with the verdict on the device, the loop reads it later)
     _values: tuple | None = None
 
     def values(self) -> tuple[float, float]:
@@ -88,6 +96,23 @@ def compile_blocks(model: torch.nn.Module) -> torch.nn.Module:
     for block in model.blocks:
         block.compile()
     return model
+
+
+def skips_on_device(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt.step()`` can skip its update from a flag on the device: PyTorch's fused Adam and AdamW read
+    ``opt.found_inf`` (the hook the fp16 gradient scaler uses) and leave weights, moments and step counts as
+    they were when it is 1."""
+    return bool(getattr(opt, "_step_supports_amp_scaling", False)) and isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
+
+
+def gradient_norm(params: list[torch.Tensor], clip: float) -> torch.Tensor:
+    """The global gradient norm (a device tensor), clipping the gradients to ``clip`` when it is > 0."""
+    if clip > 0:
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6: no rescaling pass
+    if get_total_norm is None:
+        return torch.nn.utils.clip_grad_norm_(params, math.inf)
+    return get_total_norm([p.grad for p in params if p.grad is not None])
 
 
 class TrainStep:
@@ -115,11 +140,22 @@ class TrainStep:
             self.params += [p for p in objective.heads.parameters() if p.requires_grad]
         self.scaler = torch.amp.GradScaler(self.device.type) if options.precision == "fp16" else None
         lr = opt.defaults.get("lr", float("nan"))
-        self.guard = NanGuard(options.max_bad_steps, lr, options.precision, options.grad_clip) if options.guard else None
+        self.guard = NanGuard(options.max_bad_steps, lr, options.precision, options.grad_clip,
+                              self.device) if options.guard else None
+        self.skips_on_device = skips_on_device(opt)
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.num_classes = model.num_classes
         self.dropout = model.class_dropout_prob if model.num_classes else 0.0
-        self.ema_updates = 0
+        self.ema_update = EmaUpdater(ema, model, options.ema_decay, options.ema_warmup, options.ema_every)
+
+    @property
+    def ema_updates(self) -> int:
+        """EMA updates applied so far (reads the device; for checkpoints)."""
+        return self.ema_update.state()
+
+    @ema_updates.setter
+    def ema_updates(self, value: int) -> None:
+        self.ema_update.load(value)
 
     def forward(self, x, t, y=None):
         """The model under autocast; its output in fp32, so that the loss is computed in fp32."""
@@ -146,9 +182,9 @@ class TrainStep:
                 x = sample_latents(self.vae, x, o.precision)
             d_slice = micro_slice(self.batch_size, o.grad_accum, procs.world_size, procs.rank, micro)
             d = draws.slice(d_slice)
-            t, noise = d.t.to(dev), d.noise.to(dev)
+            t, noise = d.t.to(dev, non_blocking=True), d.noise.to(dev, non_blocking=True)
             if self.num_classes:  # label dropout: the null class teaches the unconditional model for guidance
-                y = torch.where(d.drop.to(dev), torch.full_like(y, self.num_classes), y)
+                y = torch.where(d.drop.to(dev, non_blocking=True), torch.full_like(y, self.num_classes), y)
             last = micro == o.grad_accum - 1
             sync = self.train_model.no_sync() if procs.distributed and not last else contextlib.nullcontext()
             with sync:
@@ -171,20 +207,33 @@ class TrainStep:
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
         if self.guard is not None or o.grad_clip > 0:
-            result.grad_norm = torch.nn.utils.clip_grad_norm_(self.params, o.grad_clip if o.grad_clip > 0 else math.inf)
-        if self.guard is not None:
-            loss_value, norm_value = result.values()
-            scale = self.scaler.get_scale() if self.scaler is not None else None
-            result.skipped = self.guard.check(step, loss_value, norm_value, scale, bad_inputs)
-        if result.skipped is None:
-            if self.scaler is not None:
-                self.scaler.step(self.opt)
-            else:
-                self.opt.step()
-            update_ema(self.ema, self.model, ema_decay_at(self.ema_updates, o.ema_decay, o.ema_warmup))
-            self.ema_updates += 1
+            result.grad_norm = gradient_norm(self.params, o.grad_clip)
+        if self.guard is None:  # the official step: no check
+            self.scaler.step(self.opt) if self.scaler is not None else self.opt.step()
+            self.ema_update(step)
+        else:
+            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
+            ok = self.guard.check(step, result.loss, result.grad_norm, bad_inputs, scale)
+            if self.skips_on_device:
+                self._step_unless(~ok)
+                self.ema_update(step, ok)
+            else:  # the optimizer cannot skip by itself: read the verdict (waits for the device)
+                self.guard.read()
+                if self.guard.last_ok:
+                    self.opt.step()
+                    self.ema_update(step)
+                else:
+                    result.skipped = self.guard.pending[-1]
         if self.scaler is not None:
-            self.scaler.update()
+            self.scaler.update()  # lowers the loss scale after an overflow (found by unscale_)
         if o.zero_grad == "end":
             self.opt.zero_grad(set_to_none=True)
         return result
+
+    def _step_unless(self, found_inf: torch.Tensor) -> None:
+        """The fused AdamW step, which leaves everything as it was where ``found_inf`` is true (on the device)."""
+        self.opt.found_inf, self.opt.grad_scale = found_inf.float(), None
+        try:
+            self.opt.step()
+        finally:
+            del self.opt.found_inf, self.opt.grad_scale

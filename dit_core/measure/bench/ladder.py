@@ -32,6 +32,7 @@ import torch
 
 from ...runtime import resolve_device, resolve_precision, set_tf32, synchronize
 from .. import memory
+from ..estimates import CARDS, peak_tflops
 from .isolate import RESULT_MARK, measure_rung_isolated, peak_rss_bytes, rss_bytes
 from .report import row_summary
 from .rungs import (
@@ -47,17 +48,14 @@ from .rungs import (
 )
 from .timings import build_vae, measure_optimizers, measure_sampling
 
-#: Dense bf16 tensor-core peaks in TFLOP/s (vendor figures; see shared/reference/FACTS.md), matched against
-#: ``torch.cuda.get_device_name()`` in this order.
-DEVICE_PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("4090", 165.0), ("3090", 71.0))
+#: Dense bf16 tensor-core peaks in TFLOP/s, as (lower-case part of ``torch.cuda.get_device_name()``, peak), tried
+#: in this order: the book's one table of cards, :data:`dit_core.measure.estimates.CARDS` (sources there).
+DEVICE_PEAK_TFLOPS = tuple((key, c.peak_tflops) for c in CARDS for key in c.match)
 
 
 def device_peak_tflops(name: str) -> float | None:
     """The dense bf16 peak of a GPU by (part of) its name, or None when it is not in the table."""
-    for key, peak in DEVICE_PEAK_TFLOPS:
-        if key.lower() in name.lower():
-            return peak
-    return None
+    return peak_tflops(name)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -289,14 +287,15 @@ def _merge_rows(rows: list[dict], batch_images: int) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Each row's speed-up over the official-style step and over the baseline (where they ran)."""
+    """Each row's speed-up over the official step (the reference), over it in strict fp32, and over the baseline
+    (where they ran)."""
     by_key = {r["rung"]: r for r in rows if r.get("status") == "ok"}
-    for ref in ("official", "baseline"):
+    for ref in ("official", "official-fp32", "baseline"):
         if ref in by_key:
             t_ref = by_key[ref]["step_s_median"]
             for r in rows:
                 if r.get("status") == "ok":
-                    r[f"speedup_vs_{ref}"] = t_ref / r["step_s_median"]
+                    r[f"speedup_vs_{ref.replace('-', '_')}"] = t_ref / r["step_s_median"]
 
 
 def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = True, sampling: bool = True,

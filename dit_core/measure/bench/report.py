@@ -14,6 +14,15 @@ from ...atomic import atomic_write_text
 from .. import memory
 
 
+def ratio_text(row: dict, missing: str = "nan") -> str:
+    """The row's speed-up over the official step; ``~`` marks one whose reference time was derived, not
+    measured in the run (``benchmarks/rebase_official.py``)."""
+    ratio = row.get("speedup_vs_official")
+    if ratio is None:
+        return missing
+    return ("~" if row.get("official_derived") else "") + f"{ratio:.2f}"
+
+
 def row_summary(row: dict) -> str:
     if row.get("status") != "ok":
         return row.get("status", "?")
@@ -57,8 +66,7 @@ def format_table(result: dict) -> str:
             continue
         fmt = lambda v: (f"{v / memory.GIB:.2f}G" if v >= 0.1 * memory.GIB else f"{v / 2**20:.0f}M") if v else "-"  # noqa: E731
         line = (f"{r['label']:<44}{r['step_s_median'] * 1e3:>10.1f}{r.get('step_s_min', float('nan')) * 1e3:>10.1f}"
-                f"{r['images_per_s']:>9.2f}"
-                f"{r.get('speedup_vs_official', float('nan')):>11.2f}{r.get('speedup_vs_baseline', float('nan')):>8.2f}"
+                f"{r['images_per_s']:>9.2f}{ratio_text(r):>11}{r.get('speedup_vs_baseline', float('nan')):>8.2f}"
                 f"{fmt(r.get('peak_bytes')):>12}")
         if gpu:
             line += f"{fmt(r.get('planned_peak_bytes')):>11}{r.get('mfu', float('nan')):>7.1%}"
@@ -91,7 +99,7 @@ def format_table(result: dict) -> str:
 
 def format_summary(results: list[dict], extra_rows: list[dict] = ()) -> str:
     """One table for several runs (e.g. batch 32 and 256) plus extra rows (e.g. the planner's choice):
-    time, throughput, speed-up over the official-style step, measured and planned peak memory, MFU."""
+    time, throughput, speed-up over the official step (TF32 on, as train.py), measured and planned peak memory, MFU."""
     first = results[0]
     env = first["environment"]
     gpu = env["device"] == "cuda"
@@ -115,9 +123,8 @@ def format_summary(results: list[dict], extra_rows: list[dict] = ()) -> str:
         meas = row.get("peak_bytes") if gpu else row.get("tensor_peak_bytes")
         err = f"{row['plan_error']:+.1%}" if row.get("plan_error") is not None else "-"
         mfu = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
-        ratio = row.get("speedup_vs_official")
         lines.append(f"{batch:>5}  {row['label']:<44}{row['step_s_median'] * 1e3:>10.1f}{row['images_per_s']:>9.2f}"
-                     f"{(f'{ratio:.2f}' if ratio else '-'):>11}{gib(meas):>12}{gib(row.get('planned_peak_bytes')):>10}"
+                     f"{ratio_text(row, '-'):>11}{gib(meas):>12}{gib(row.get('planned_peak_bytes')):>10}"
                      f"{err:>8}{mfu:>7}")
     for result in results:
         s = result.get("sampling")

@@ -30,7 +30,18 @@ from .estimator import (
     param_counts,
     relative_error,
 )
-from .planner import GPU_MEMORY_GIB, Plan, low_memory_options, parse_memory, plan, relative_step_time
+from .planner import (
+    GPU_MEMORY_GIB,
+    Plan,
+    card_budget,
+    config_setup,
+    fitting_plan,
+    low_memory_options,
+    parse_memory,
+    plan,
+    relative_step_time,
+    train_command,
+)
 from .probes import (
     TensorMemoryTracker,
     measure_saved_bytes,
@@ -44,6 +55,7 @@ __all__ = [
     "ATTENTION", "BLOCK_SAVED", "EMA_PLACES", "GIB", "OPTIMIZERS", "PRECISIONS", "VAE_PARAMS", "VAE_PEAK_MAPS",
     "ActivationEstimate", "MemoryEstimate", "ModelShape", "TrainSetup", "activation_bytes", "block_saved_table",
     "estimate", "format_bytes", "optimizer_state_bytes", "param_counts", "relative_error", "GPU_MEMORY_GIB",
-    "Plan", "low_memory_options", "parse_memory", "plan", "relative_step_time", "TensorMemoryTracker",
+    "Plan", "card_budget", "config_setup", "fitting_plan", "low_memory_options", "parse_memory", "plan",
+    "relative_step_time", "train_command", "TensorMemoryTracker",
     "measure_saved_bytes", "measure_saved_per_sample", "optimizer_tensors", "simulate_peak", "tensor_bytes",
 ]

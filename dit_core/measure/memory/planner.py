@@ -3,11 +3,15 @@ DiT-XL/2 trainable on a small one.
 
 :func:`plan` picks the setting that fits a card and is fastest by :func:`relative_step_time`;
 :func:`low_memory_options` says what keeps DiT-XL/2 trainable on a 12 GB card and what each option costs in
-speed. ``dit-plan`` is the command-line front end (:mod:`dit_core.cli.plan`).
+speed; :func:`fitting_plan` falls back to those options when the setting asked for does not fit;
+:func:`train_command` writes a plan as the ``dit-train`` command that runs it, and :func:`config_setup` reads a
+``dit-train`` configuration back as the planner's setting. ``dit-plan`` is the command-line front end
+(:mod:`dit_core.cli.plan`).
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, replace
 
 from .estimator import GIB, MemoryEstimate, ModelShape, TrainSetup, activation_bytes, estimate, param_counts
@@ -119,7 +123,7 @@ def plan(
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     total = parse_memory(gpu_memory) * GIB
-    budget = int(total * (1 - margin) - reserved_gib * GIB)
+    budget = card_budget(gpu_memory, margin, reserved_gib)
     base = TrainSetup(precision=precision, attn=attn, optimizer=optimizer, ema=ema, vae_in_loop=vae_in_loop)
     candidates = []
     best = None
@@ -179,14 +183,77 @@ def plan(
 
 
 def _suggestions(optimizer: str, ema: str, precision: str) -> list[str]:
+    """What to change, in ``dit-train``'s own keys."""
     out = []
     if ema == "device":
-        out.append("--ema cpu")
+        out.append("--ema-device cpu")
     if optimizer == "adamw":
         out.append("--optimizer adamw8bit")
     if precision == "fp32":
-        out.append("--precision bf16")
+        out.append("--mixed-precision bf16")
     return out or ["a larger card, or a smaller model"]
+
+
+#: The low-memory fallbacks in the order :func:`fitting_plan` tries them: the EMA on the CPU changes no number
+#: of training (only its speed), 8-bit AdamW changes the optimizer's arithmetic a little; then both.
+FALLBACKS = (("adamw", "cpu"), ("adamw8bit", "device"), ("adamw8bit", "cpu"))
+
+
+def fitting_plan(shape: ModelShape, gpu_memory, global_batch: int = 256, precision: str = "bf16",
+                 attn: str = "sdpa", optimizer: str = "adamw", ema: str = "device", **kwargs) -> tuple[Plan, bool]:
+    """:func:`plan` for the setting asked for; when it does not fit, the first of :data:`FALLBACKS` that does
+    (never undoing a saving that was asked for). Returns ``(plan, fallback_used)``."""
+    asked = plan(shape, gpu_memory, global_batch, precision, attn, optimizer, ema, **kwargs)
+    if asked.fits or ema == "none":
+        return asked, False
+    for opt, place in FALLBACKS:
+        if (optimizer == "adamw8bit" and opt == "adamw") or (ema == "cpu" and place == "device"):
+            continue
+        p = plan(shape, gpu_memory, global_batch, precision, attn, opt, place, **kwargs)
+        if p.fits:
+            return p, True
+    return asked, False
+
+
+def train_command(shape: ModelShape, setup: TrainSetup, image_size: int | None = None,
+                  profile: str | None = None) -> str | None:
+    """The ``dit-train`` command that trains ``shape`` with ``setup`` on one GPU, in the trainer's own keys, or
+    None where the trainer has no such setting (the VAE in the loop: it trains on pre-extracted latents; no
+    EMA: it always keeps one). ``profile``: a bundled profile the model comes from (e.g. ``digits``)."""
+    if setup.vae_in_loop or setup.ema == "none":
+        return None
+    if profile is not None:
+        args = ["--config", profile]
+    else:
+        size = image_size or shape.input_size * 8
+        args = ["--model", shape.name, "--image-size", str(size), "--latents-path", f"data/imagenet{size}-latents"]
+    k = setup.checkpointed
+    ckpt = "true" if k >= shape.depth else "false" if k == 0 else str(k)
+    args += ["--batch-size", str(setup.global_batch), "--grad-accum", str(setup.grad_accum),
+             "--grad-checkpointing", ckpt, "--mixed-precision", setup.precision, "--attn-backend", setup.attn,
+             "--optimizer", setup.optimizer, "--ema-device", "cpu" if setup.ema == "cpu" else "same"]
+    return "dit-train " + shlex.join(args)
+
+
+def config_setup(cfg, world_size: int = 1) -> tuple[ModelShape, TrainSetup]:
+    """The planner's view of a ``dit-train`` configuration (a :class:`dit_core.train.TrainConfig` of a latent
+    DiT): the model's shape and the step's setting, to estimate a profile's memory."""
+    overrides = {k: getattr(cfg, k) for k in ("depth", "hidden_size", "num_heads", "patch_size")
+                 if getattr(cfg, k) is not None}
+    shape = ModelShape.from_name(cfg.model, cfg.image_size, learn_sigma=cfg.learn_sigma,
+                                 class_dropout_prob=cfg.class_dropout_prob, **overrides)
+    ckpt = cfg.grad_checkpointing
+    checkpointed = shape.depth if ckpt is True else 0 if ckpt is False else min(int(ckpt), shape.depth)
+    precision = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16"
+    setup = TrainSetup(micro_batch=cfg.batch_size // (cfg.grad_accum * world_size), grad_accum=cfg.grad_accum,
+                       checkpointed=checkpointed, precision=precision, attn=cfg.attn_backend,
+                       optimizer=cfg.optimizer, ema="cpu" if cfg.ema_device == "cpu" else "device")
+    return shape, setup
+
+
+def card_budget(gpu_memory, margin: float = 0.10, reserved_gib: float = 0.75) -> int:
+    """Bytes a training step may use on a card, as :func:`plan` counts them."""
+    return int(parse_memory(gpu_memory) * GIB * (1 - margin) - reserved_gib * GIB)
 
 
 def ema_cpu_cost_s(params: int, pcie_gbps: float = PCIE_GBPS, cpu_gbps: float = CPU_MEMORY_GBPS) -> float:
@@ -206,7 +273,8 @@ def low_memory_options(shape: ModelShape, gpu_memory=12, global_batch: int = 256
     """What lets ``shape`` train on a small card, each option with its memory and its speed cost.
 
     Options: the default (AdamW, EMA on the device); EMA kept on the CPU (updated from a copy of the weights,
-    ideally every few steps with the decay raised to the same power); 8-bit AdamW from bitsandbytes; both.
+    ideally every few steps with the decay raised to the same power: ``--ema-every``); 8-bit AdamW from
+    bitsandbytes (``--optimizer adamw8bit``); both.
     Each row holds the plan and a sentence on what it costs.
     """
     counts = param_counts(shape)
@@ -220,14 +288,14 @@ def low_memory_options(shape: ModelShape, gpu_memory=12, global_batch: int = 256
         if ema == "cpu":
             s = ema_cpu_cost_s(counts["total"])
             costs.append(f"EMA update on the CPU: ~{s:.2f} s each (weights over PCIe at ~{PCIE_GBPS:g} GB/s + CPU lerp "
-                         f"at ~{CPU_MEMORY_GBPS:g} GB/s); overlap it with the next step or update every N steps "
-                         f"(decay^N) to pay ~{s:.2f}/N s per step")
+                         f"at ~{CPU_MEMORY_GBPS:g} GB/s; estimates, dit-bench --optimizers measures it); "
+                         f"--ema-every N (decay^N, the same average) pays ~{s:.2f}/N s per step")
         if optimizer == "adamw8bit":
             t32 = adamw_step_bytes(counts["trainable"], "adamw") / (gpu_bandwidth_gbps * 1e9)
             t8 = adamw_step_bytes(counts["trainable"], "adamw8bit") / (gpu_bandwidth_gbps * 1e9)
             costs.append(f"8-bit AdamW: the step is memory-bound, ~{t8 * 1e3:.0f} ms vs ~{t32 * 1e3:.0f} ms for fp32 AdamW "
-                         f"at {gpu_bandwidth_gbps:g} GB/s: no slower on a GPU. Needs `pip install bitsandbytes` "
-                         "(its CPU path works but is much slower: see dit-bench --optimizers)")
+                         f"at {gpu_bandwidth_gbps:g} GB/s: no slower on a GPU. Needs bitsandbytes: "
+                         "pip install -e \".[lowmem]\" (its CPU path works but is much slower: see dit-bench --optimizers)")
         if p.fits and p.setup.checkpointed:
             costs.append(f"checkpointing {p.setup.checkpointed}/{shape.depth} blocks: "
                          f"~{p.setup.checkpointed / (3 * shape.depth):.0%} more compute")
