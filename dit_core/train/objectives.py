@@ -162,7 +162,8 @@ def mae_loss(prediction: torch.Tensor, target: torch.Tensor, patch_size: int, ma
 
 def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """REPA's loss: minus the cosine similarity of each projected token ``(N, T, D)`` with the teacher's token,
-    averaged over the tokens; shape (N,). It lies in [-1, 1]; -1 is perfect alignment."""
+    averaged over the tokens; shape (N,). It lies in [-1, 1]; -1 is perfect alignment (so a run's total loss
+    goes below 0 as the alignment improves)."""
     return -(F.normalize(projected, dim=-1) * F.normalize(target, dim=-1)).sum(dim=-1).mean(dim=-1)
 
 
