@@ -93,6 +93,7 @@ def extract_state_dict(ckpt: dict, prefer_ema: bool = True) -> tuple[dict, dict]
         meta.update(vars(ckpt["args"]))
     if isinstance(ckpt.get("config"), dict) and isinstance(ckpt["config"].get("model_config"), dict):
         meta.update(ckpt["config"]["model_config"])  # dit_core training checkpoints
+        meta["objective"] = ckpt["config"].get("objective", "ddpm")  # what the output means: noise, or a velocity
     order = ("ema", "model") if prefer_ema else ("model", "ema")
     for key in order:
         if isinstance(ckpt.get(key), dict):

@@ -320,6 +320,7 @@ def export_diffusers(
     diffusion_steps: int = 1000,
     pipeline_null_class: bool = True,
     overwrite: bool = False,
+    objective: str | None = None,
 ) -> Path:
     """Write ``model`` as a diffusers ``DiTPipeline`` folder (``save_pretrained`` layout); returns the folder.
 
@@ -328,8 +329,21 @@ def export_diffusers(
     :func:`dit_core.vae.load_vae`), and ``dit_core.json`` with what diffusers' config cannot say (the
     true class count, the label names, pixel or latent space). Without a VAE (a pixel-space model such as
     the digits default), load it with ``DiTPipeline.from_pretrained(out_dir, vae=PixelDecoder())``.
+
+    ``objective``: what the model was trained for (default: what its checkpoint recorded, else "ddpm"). A model
+    of ``objective: flow`` is refused: it predicts the velocity of the linear interpolant, and ``DiTPipeline``
+    hands the transformer's output to its scheduler as DDPM noise.
     """
     from diffusers import DiTPipeline
+
+    objective = objective or getattr(model, "checkpoint_meta", {}).get("objective") or "ddpm"
+    if objective != "ddpm":
+        raise InteropError(
+            f"this model was trained with objective {objective!r}: it predicts the velocity of the linear interpolant "
+            "(x_t = (1 - t) x_0 + t eps), but diffusers' DiTPipeline reads the transformer's output as DDPM noise "
+            "(epsilon) for its DDIM/DDPM/DPM-Solver schedulers, so an export would sample garbage. Sample it with "
+            "dit-sample (samplers euler, heun, euler-maruyama) instead"
+        )
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):

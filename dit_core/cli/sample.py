@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (1: none)")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
-    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++")
+    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun "
+                                                  "or euler-maruyama")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (ddpm 250, ddim 50, dpm-solver++ 25)")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM noise (0: deterministic)")
     p.add_argument("--seed", type=int, default=0, help="sample i uses seed + i, whatever the batch size")
@@ -113,7 +114,7 @@ def _settings(args, info, model) -> dict:
     s = {}
     s["sampler"] = args.sampler or base.get("sampler") or "ddpm"
     s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
-        {"ddpm": 250, "ddim": 50}.get(s["sampler"], 25)
+        {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250}.get(s["sampler"], 25)
     s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
     s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \
         base.get("guidance_channels")
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from dit_core.diffusion import create_diffusion
+    from dit_core.diffusion import create_process
     from dit_core.runtime import DTYPES, resolve_device, resolve_precision, set_tf32, set_threads
     from dit_core.sample import generate, load_model, save_grid, to_uint8
     from dit_core.sample.shards import SampleRunError, fingerprint, sample_to_npz
@@ -221,8 +222,9 @@ def main(argv=None) -> int:
             vae = load_vae(settings["vae"], device=device, dtype=DTYPES[vae_precision])
         except (VAENotFoundError, OSError, ValueError) as err:
             return _fail(f"this is a latent model and its VAE cannot be loaded: {err}")
-    diffusion = create_diffusion("", noise_schedule=info.get("noise_schedule", "linear"),
-                                 learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
+    # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
+    diffusion = create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
+                               learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
     options = dict(cfg_scale=settings["cfg_scale"], sampler=settings["sampler"], steps=settings["steps"],
                    guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp, device=device,

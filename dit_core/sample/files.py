@@ -149,7 +149,8 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
     ``DiT-XL-2-256x256.pt``), a ``.safetensors`` state dict, or a diffusers ``DiTPipeline`` folder. ``info``
     holds what the file says about sampling it: ``kind`` ("dit_core", "official": a bare latent state dict or
     an official ``train.py`` checkpoint, "state_dict", "diffusers"), ``space`` ("pixel" or "latent"), ``vae`` (a
-    name or folder, or None), ``label_names``, ``noise_schedule``/``diffusion_steps``, ``null_class`` (whether
+    name or folder, or None), ``label_names``, ``objective`` ("ddpm", or "flow": sample with the process of
+    :func:`dit_core.diffusion.create_process`), ``noise_schedule``/``diffusion_steps``, ``null_class`` (whether
     guidance is possible), and the sampling settings (``sampler``, ``steps``, ``cfg_scale``, for an official
     checkpoint also ``guidance_channels``): the run's, or for an official checkpoint those of the official
     ``sample.py``.
@@ -160,7 +161,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
     path = Path(path)
     if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
         path = path / "checkpoints" / "last.pt"
-    info: dict = {"path": str(path), "noise_schedule": "linear", "diffusion_steps": 1000}
+    info: dict = {"path": str(path), "noise_schedule": "linear", "diffusion_steps": 1000, "objective": "ddpm"}
     if path.is_dir():
         if not is_diffusers_folder(path):
             raise FileNotFoundError(
@@ -185,7 +186,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
             label_names=[str(c) for c in classes] if classes else None,
             noise_schedule=config.get("noise_schedule", "linear"), diffusion_steps=config.get("diffusion_steps", 1000),
             sampler=config.get("sample_sampler"), steps=config.get("sample_steps"),
-            cfg_scale=config.get("sample_cfg_scale"),
+            cfg_scale=config.get("sample_cfg_scale"), objective=config.get("objective", "ddpm"),
         )
         if latent and not info["vae"]:
             info["vae"] = _vae_of_latents(config.get("latents_path") or config.get("data_path"))

@@ -2,7 +2,10 @@
 
 :func:`generate` runs the reverse diffusion for a list of class labels:
 
-* **samplers.** ``"ddpm"``: ancestral sampling with DiT's learned variance (DDPM Alg. 2, Improved DDPM eq. 15)
+* **samplers.** A model trained with ``objective: flow`` (the linear interpolant; its ``diffusion`` is a
+  :class:`~dit_core.diffusion.flow.LinearInterpolant`) is sampled by the ODE/SDE samplers of
+  :mod:`dit_core.diffusion.flow` (``"euler"``, which ``"ddim"`` names too, ``"heun"``, ``"euler-maruyama"``),
+  never by the DDPM loop. For DiT's diffusion: ``"ddpm"``: ancestral sampling with DiT's learned variance (DDPM Alg. 2, Improved DDPM eq. 15)
   on ``steps`` evenly spaced steps of the 1000 (the paper evaluates with 250). ``"ddim"``: Song et al. 2021,
   eq. 12, any ``steps`` and ``eta`` (0: deterministic, 1: DDPM-like noise), on the steps
   ``0, T/steps, 2 T/steps, ...`` that diffusers' ``DDIMScheduler`` and the official ``"ddimN"`` use.
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 from ..diffusion import SpacedDiffusion, create_diffusion, space_timesteps
+from ..diffusion.flow import flow_sampler_name, sample_flow
 from ..runtime import DTYPES, autocast, resolve_precision
 from ..vae import decode_latents
 
@@ -165,6 +169,18 @@ def _run_gaussian(diffusion, model_fn, x, y, gens, *, ddim: bool, eta: float, cl
     return x
 
 
+def _run_flow(process, model_fn, x, y, gens, *, sampler: str, steps: int, amp, device, tick, callback):
+    """An ODE/SDE sampler of the linear interpolant (:func:`dit_core.diffusion.flow.sample_flow`)."""
+    channels = x.shape[1]
+
+    def velocity(xx, t):
+        with autocast(device, amp):
+            return model_fn(xx, process.model_time(t), y)[:, :channels].float()
+
+    return sample_flow(velocity, x, sampler=sampler, steps=steps, noise=lambda shape: _noise(gens, shape, device),
+                       callback=callback, tick=tick)
+
+
 def dpm_solver_scheduler(diffusion, steps: int, clip_denoised: bool):
     """diffusers' DPM-Solver++ (2nd order, multistep) on this diffusion's betas; ``clip_denoised`` clips the
     predicted x_0 to [-1, 1] (its thresholding with a maximum of 1 is exactly that)."""
@@ -272,7 +288,10 @@ def generate(
     """Sample one image per entry of ``labels``; returns a float32 CPU tensor ``(N, C, H, W)``.
 
     - ``labels``: class indices (a list or tensor); for an unconditional model, a number of samples.
-    - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``).
+    - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``), or
+      the :class:`~dit_core.diffusion.flow.LinearInterpolant` of a flow model (then ``sampler`` is ``"euler"``
+      (= ``"ddim"``, default 50 steps), ``"heun"`` (25) or ``"euler-maruyama"`` (250); see
+      :func:`dit_core.diffusion.create_process`).
     - ``sampler``/``steps``: ``"ddpm"`` (default all steps; the paper uses 250), ``"ddim"`` (default 50,
       ``eta`` 0 deterministic) or ``"dpm-solver++"`` (default 25).
     - ``cfg_scale``/``guidance_channels``: classifier-free guidance scale, and how many noise channels it
@@ -289,11 +308,14 @@ def generate(
       ``x`` (the current batch) and ``x0`` (the predicted clean batch; None for dpm-solver++).
     """
     sampler = str(sampler).lower()
-    if sampler not in SAMPLERS:
+    flow = getattr(diffusion, "is_interpolant", False)  # objective "flow": the samplers of dit_core.diffusion.flow
+    if flow:
+        sampler = flow_sampler_name(sampler)
+    elif sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
-    if eta != 0.0 and sampler != "ddim":
+    if eta != 0.0 and (flow or sampler != "ddim"):
         raise ValueError(f"eta is a DDIM setting; sampler {sampler!r} does not take it")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -338,14 +360,15 @@ def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, devi
     if clip_denoised is None:
         clip_denoised = vae is None
     if steps is None:
-        steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25}[sampler]
+        steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25,
+                 "euler": 50, "heun": 25, "euler-maruyama": 250}[sampler]
     if sampler == "ddpm":
         spaced = respaced(diffusion, steps)
     elif sampler == "ddim":
         spaced = _rebuild(diffusion, ddim_timesteps(_training_steps(diffusion), int(steps)))
     else:
         spaced = diffusion
-    num_steps = spaced.num_timesteps if sampler != "dpm-solver++" else int(steps)
+    num_steps = spaced.num_timesteps if sampler in ("ddpm", "ddim") else int(steps)
     shape = (model.in_channels, model.input_size, model.input_size)
     model_fn = _guided(model, cfg_scale, guidance_channels)
 
@@ -365,7 +388,10 @@ def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, devi
             batch_callback = None
             if callback is not None:
                 batch_callback = lambda info, s=start: callback(dict(info, batch_start=s))  # noqa: E731
-            if sampler == "dpm-solver++":
+            if getattr(diffusion, "is_interpolant", False):  # objective "flow"
+                x = _run_flow(diffusion, model_fn, x, y, gens, sampler=sampler, steps=int(steps), amp=amp, device=device,
+                              tick=tick, callback=batch_callback)
+            elif sampler == "dpm-solver++":
                 x = _run_dpm(diffusion, model_fn, x, y, steps=int(steps), clip_denoised=clip_denoised, amp=amp,
                              device=device, tick=tick, callback=batch_callback)
             else:

@@ -70,6 +70,29 @@ class TrainConfig:
     diffusion_steps: int = _f(1000, "T of the forward process")
     noise_schedule: Literal["linear", "squaredcos_cap_v2", "cosine"] = _f("linear", "beta schedule: linear (DiT) or squaredcos_cap_v2")
 
+    # -- converging faster (dit_core.train.objectives; each off by default: DiT's own recipe) ---------------
+    objective: Literal["ddpm", "flow"] = _f("ddpm", "ddpm: DiT's noise prediction and hybrid loss; flow: the linear "
+                                                    "interpolant with velocity prediction (SiT; needs --learn-sigma "
+                                                    "false, samples with euler/heun/euler-maruyama)")
+    timestep_sampling: Literal["uniform", "logit_normal"] = _f("uniform", "training times: uniform, or logit_normal "
+                                                                        "t = sigmoid(n), n ~ N(logit_mean, logit_std) "
+                                                                        "(SD3); ddpm uses step floor(t T)")
+    logit_mean: float = _f(0.0, "mean of n for logit_normal timestep sampling")
+    logit_std: float = _f(1.0, "standard deviation of n for logit_normal timestep sampling")
+    loss_weighting: Literal["none", "min_snr"] = _f("none", "none, or min_snr: weight min(SNR, gamma)/SNR on the "
+                                                            "noise MSE (its velocity form with flow)")
+    min_snr_gamma: float = _f(5.0, "gamma of min_snr loss weighting")
+    mask_ratio: float = _f(0.0, "share of tokens dropped from the encoder blocks in training (MaskDiT: 0.5; 0: off)")
+    mask_decoder_depth: int = _f(1, "with masking: the last N DiT blocks act as the decoder that sees all tokens")
+    mae_weight: float = _f(0.1, "with masking: weight of the reconstruction loss on the masked tokens")
+    mask_finetune_steps: int = _f(0, "with masking: train the last N steps without masking")
+    repa_weight: float = _f(0.0, "weight of representation alignment (REPA: 0.5; 0: off)")
+    repa_depth: int = _f(8, "REPA: align the tokens after this block (counted from 1; REPA: 8 for XL, 4 for B)")
+    repa_projector_dim: int = _f(2048, "REPA: hidden width of the projector MLP")
+    repa_teacher: str = _f("auto", "REPA's teacher: auto (pixels: cnn; latents: the one feature set extracted "
+                                   "beside them), cnn (a small CNN fitted on the training images), a "
+                                   "dinov2-vit?14 name or .pth (pixels), or a feature folder (latents)")
+
     # -- optimisation -------------------------------------------------------------------------------------
     max_steps: int = _f(400_000, "optimizer steps to train for (the run ends there)")
     batch_size: int = _f(256, "global batch: images per optimizer step, over all processes and accumulation")
@@ -114,7 +137,9 @@ class TrainConfig:
     sample_classes: list | None = _f(None, "classes shown in the sample grids (default: up to 10)")
     sample_per_class: int = _f(4, "samples per class in the grids")
     sample_steps: int = _f(50, "sampler steps for the grids")
-    sample_sampler: Literal["ddim", "ddpm", "dpm-solver++"] = _f("ddim", "sampler for the grids: ddim, ddpm or dpm-solver++")
+    sample_sampler: Literal["ddim", "ddpm", "dpm-solver++", "euler", "heun", "euler-maruyama"] = _f(
+        "ddim", "sampler for the grids: ddim, ddpm or dpm-solver++; with objective flow: euler (= ddim), heun or "
+                "euler-maruyama")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
@@ -312,8 +337,31 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"adam_betas needs two numbers, got {cfg.adam_betas}")
     if not 0.0 <= cfg.class_dropout_prob < 1.0:
         problems.append(f"class_dropout_prob must be in [0, 1), got {cfg.class_dropout_prob}")
+    problems += _objective_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def _objective_problems(cfg: TrainConfig) -> list[str]:
+    """The settings of :mod:`dit_core.train.objectives` that cannot work, each with its fix."""
+    problems = []
+    if cfg.objective == "flow" and cfg.learn_sigma:
+        problems.append("objective flow predicts a velocity and learns no variance: add --learn-sigma false")
+    flow_samplers = ("euler", "heun", "euler-maruyama", "ddim")
+    if cfg.objective == "flow" and cfg.sample_sampler not in flow_samplers:
+        problems.append(f"sample_sampler {cfg.sample_sampler} samples DDPM models; objective flow samples with "
+                        "euler (= ddim), heun or euler-maruyama")
+    if cfg.objective == "ddpm" and cfg.sample_sampler in ("euler", "heun", "euler-maruyama"):
+        problems.append(f"sample_sampler {cfg.sample_sampler} samples objective flow; use ddim, ddpm or dpm-solver++")
+    if cfg.logit_std <= 0 or cfg.min_snr_gamma <= 0:
+        problems.append(f"logit_std ({cfg.logit_std}) and min_snr_gamma ({cfg.min_snr_gamma}) must be > 0")
+    if not 0.0 <= cfg.mask_ratio < 1.0:
+        problems.append(f"mask_ratio must be in [0, 1), got {cfg.mask_ratio}")
+    if cfg.mask_decoder_depth < 1 or cfg.mask_finetune_steps < 0 or cfg.mae_weight < 0:
+        problems.append("mask_decoder_depth must be >= 1, mask_finetune_steps and mae_weight >= 0")
+    if cfg.repa_weight < 0 or cfg.repa_depth < 1 or cfg.repa_projector_dim < 1:
+        problems.append("repa_weight must be >= 0, repa_depth and repa_projector_dim >= 1")
+    return problems
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..atomic import DiskFullError, atomic_write_text
-from ..diffusion import create_diffusion
+from ..diffusion import create_process
 from ..models import DiT, model_kwargs
 from ..runtime import resolve_precision, set_tf32
 from . import distributed
@@ -43,6 +43,7 @@ from .config import ConfigError, TrainConfig, save_yaml, to_dict
 from .ema import create_ema
 from .guard import TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
+from .objectives import build_objective
 from .preempt import StopSignals, ignore_stop_signals
 from .state import load_checkpoint, save_checkpoint
 from .step import StepOptions, TrainStep, compile_blocks
@@ -265,14 +266,20 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     # nothing else.
     model.eval()
     ema = create_ema(model, device="cpu" if cfg.ema_device == "cpu" else None)
-    opt = make_optimizer(model, cfg, device)
-    diffusion = create_diffusion("", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                                 diffusion_steps=cfg.diffusion_steps)
+    # DiT's diffusion, or the linear interpolant of objective "flow" (dit_core.diffusion.flow)
+    diffusion = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
+                               diffusion_steps=cfg.diffusion_steps)
+    # None with DiT's recipe; else the options of dit_core.train.objectives, their training-only parameters
+    # (trained with the DiT, not part of it) and the teacher of representation alignment
+    objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
+    trained = objective.module if objective is not None else model
+    opt = make_optimizer(trained, cfg, device)
     if cfg.compile:
         compile_blocks(model)
-    train_model = distributed.wrap(model, procs)  # DistributedDataParallel under torchrun
+    train_model = distributed.wrap(trained, procs)  # DistributedDataParallel under torchrun
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
-                        seed=cfg.seed, procs=procs, train_model=train_model)
+                        seed=cfg.seed, procs=procs, train_model=train_model, objective=objective)
+    extras = objective.extras if objective is not None else None  # saved in checkpoints beside the DiT
     seed_global_generators(cfg.seed, procs.rank)  # per process (the step draws from its own generators)
 
     # -- resume -------------------------------------------------------------------------------------------
@@ -280,7 +287,10 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     ckpt_path = resume_path(cfg, out)
     if ckpt_path is not None:
         info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=stepper.scaler,
-                               dataset_size=len(dataset), seed=cfg.seed, restore_rng=procs.is_main)
+                               dataset_size=len(dataset), seed=cfg.seed, restore_rng=procs.is_main, extras=extras)
+        if info["config"].get("objective", "ddpm") != cfg.objective:
+            raise ConfigError(f"cannot resume from {ckpt_path}: it was trained with objective "
+                              f"{info['config'].get('objective', 'ddpm')}, this run asks for {cfg.objective}")
         step, samples_seen, stepper.ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
         loss_value = float(info["metrics"].get("loss", loss_value))
     run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
@@ -349,7 +359,8 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
                         ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step,
                                     samples_seen=samples_seen, ema_updates=stepper.ema_updates, config=run_config,
                                     dataset_size=len(dataset),
-                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop})
+                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop},
+                                    extras=extras)
                         names = ["last.pt"] + ([f"step_{step:07d}.pt"] if cfg.keep_every and step % cfg.keep_every == 0
                                                else [])
                         for name in names:

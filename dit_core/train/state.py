@@ -15,6 +15,8 @@ while saving leaves the previous ``last.pt`` intact) and readable with ``torch.l
 ``ema_updates``  EMA updates done (the EMA warmup counts them)
 ``config``     the resolved training config, with ``model_config`` (the DiT constructor arguments)
 ``metrics``    the last logged loss, wall time so far
+``extras``     only with the options of :mod:`dit_core.train.objectives` that add training-only parameters
+               (the REPA projector, the MaskDiT mask token): their state dict
 =============  =======================================================================================
 
 The random numbers of training come from ``(seed, step)`` (:mod:`dit_core.train.batches`), so the data
@@ -73,8 +75,10 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, step: int, samples_seen: int,
-                    ema_updates: int, config: dict, dataset_size: int, metrics: dict | None = None) -> Path:
-    """Write a training checkpoint atomically; returns its path."""
+                    ema_updates: int, config: dict, dataset_size: int, metrics: dict | None = None,
+                    extras=None) -> Path:
+    """Write a training checkpoint atomically; returns its path. ``extras``: the training-only parameters of
+    an objective (a module), saved under ``extras``."""
     state = {
         "model": unwrap(model).state_dict(),
         "ema": ema.state_dict(),
@@ -87,6 +91,8 @@ def save_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, step: i
         "config": {**config, "model_config": unwrap(model).config()},
         "metrics": dict(metrics or {}),
     }
+    if extras is not None:
+        state["extras"] = extras.state_dict()
     return atomic_write(path, lambda f: torch.save(state, f), size_hint=tensor_bytes(state))
 
 
@@ -102,7 +108,7 @@ def tensor_bytes(obj) -> int:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset_size: int, seed: int,
-                    restore_rng: bool = True) -> dict:
+                    restore_rng: bool = True, extras=None) -> dict:
     """Load a training checkpoint into ``model``, ``ema``, ``opt`` and ``scaler`` (in place).
 
     Returns the checkpoint's bookkeeping: ``step``, ``samples_seen``, ``ema_updates``, ``metrics``. A
@@ -130,7 +136,15 @@ def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset
             + f". {err}. Resume with the settings of that run (its config.yaml), or start a new run in "
             "another --out folder."
         ) from None
+    if (extras is not None) != ("extras" in ckpt):
+        raise CheckpointError(
+            f"cannot resume from {path}: it was trained {'with' if 'extras' in ckpt else 'without'} the training-only "
+            "parameters of masking or representation alignment, this run "
+            f"{'does not use them' if extras is None else 'does'}. Resume with the settings of that run (its "
+            "config.yaml), or start a new run in another --out folder.")
     inner.load_state_dict(ckpt["model"])
+    if extras is not None:
+        extras.load_state_dict(ckpt["extras"])
     ema.load_state_dict(ckpt["ema"])
     opt.load_state_dict(ckpt["opt"])
     if scaler is not None and scaler.is_enabled():
@@ -151,4 +165,5 @@ def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset
         "samples_seen": int(data.get("samples_seen", ckpt["step"] * ckpt.get("config", {}).get("batch_size", 0))),
         "ema_updates": int(ckpt.get("ema_updates", ckpt["step"])),
         "metrics": ckpt.get("metrics", {}),
+        "config": ckpt.get("config", {}),
     }

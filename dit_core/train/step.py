@@ -18,7 +18,9 @@ diffusion, the NaN guard) and, called with a step number and the micro-batches, 
    non-fused AdamW) read the verdict each step.
 
 How it runs is plain data (:class:`StepOptions`): the trainer's defaults, or the official ``train.py``'s
-step (:meth:`StepOptions.official`), which the benchmark ladder uses as its reference.
+step (:meth:`StepOptions.official`), which the benchmark ladder uses as its reference. With an ``objective``
+(:class:`dit_core.train.objectives.Objective`: the flow objective, other timestep sampling, min-SNR weighting,
+masked training, representation alignment) step 2 computes that loss instead of DiT's.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ class TrainStep:
     """
 
     def __init__(self, model, diffusion, opt, ema, options: StepOptions, *, batch_size: int, seed: int = 0,
-                 procs: distributed.Processes | None = None, train_model=None, vae=None):
+                 procs: distributed.Processes | None = None, train_model=None, vae=None, objective=None):
         self.model, self.diffusion, self.opt, self.ema, self.options = model, diffusion, opt, ema, options
         self.train_model = train_model if train_model is not None else model
         self.device = next(model.parameters()).device
@@ -133,6 +135,9 @@ class TrainStep:
             raise ValueError(f"batch_size {batch_size} must be a multiple of grad_accum x processes = "
                              f"{options.grad_accum} x {self.procs.world_size}")
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.objective = objective  # None: DiT's loss; else its loss, and its training-only parameters
+        if objective is not None:
+            self.params += [p for p in objective.heads.parameters() if p.requires_grad]
         self.scaler = torch.amp.GradScaler(self.device.type) if options.precision == "fp16" else None
         lr = opt.defaults.get("lr", float("nan"))
         self.guard = NanGuard(options.max_bad_steps, lr, options.precision, options.grad_clip,
@@ -167,21 +172,26 @@ class TrainStep:
         draws = step_draws(self.seed, step, self.batch_size, self.sample_shape, self.diffusion.num_timesteps,
                            self.dropout)
         loss_sum = torch.zeros((), device=dev)
-        terms = {"mse": torch.zeros((), device=dev), "vb": torch.zeros((), device=dev)}
+        names = ("mse", "vb") if self.objective is None else self.objective.term_names
+        terms = {name: torch.zeros((), device=dev) for name in names}
         bad_inputs = torch.zeros((), dtype=torch.bool, device=dev)
         for micro in range(o.grad_accum):
-            x, y = next(micro_batches)
+            x, y, *extra = next(micro_batches)  # extra: what an objective's data brings (teacher features)
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             if self.vae is not None:
                 x = sample_latents(self.vae, x, o.precision)
-            d = draws.slice(micro_slice(self.batch_size, o.grad_accum, procs.world_size, procs.rank, micro))
+            d_slice = micro_slice(self.batch_size, o.grad_accum, procs.world_size, procs.rank, micro)
+            d = draws.slice(d_slice)
             t, noise = d.t.to(dev, non_blocking=True), d.noise.to(dev, non_blocking=True)
             if self.num_classes:  # label dropout: the null class teaches the unconditional model for guidance
                 y = torch.where(d.drop.to(dev, non_blocking=True), torch.full_like(y, self.num_classes), y)
             last = micro == o.grad_accum - 1
             sync = self.train_model.no_sync() if procs.distributed and not last else contextlib.nullcontext()
             with sync:
-                out = self.diffusion.training_losses(self.forward, x, t, model_kwargs=dict(y=y), noise=noise)
+                if self.objective is None:
+                    out = self.diffusion.training_losses(self.forward, x, t, model_kwargs=dict(y=y), noise=noise)
+                else:
+                    out = self.objective.losses(self, step, d_slice, x, y, t, noise, extra)
                 loss = out["loss"].mean()
                 if o.zero_grad == "before_backward" and micro == 0:
                     self.opt.zero_grad(set_to_none=True)
