@@ -281,6 +281,29 @@ def gemm_rate(m=2048, k=384, n=1536, repeats=5) -> float:
     return 2 * m * k * n / min(times) / 1e9
 
 
+def gelu_times(shape=(2048, 1536), repeats=5) -> dict:
+    """Milliseconds of the tanh GELU on DiT-S/2's MLP activations (batch 8): PyTorch's kernel, and the sigmoid form
+    that ``dit_core.models.TanhGELU`` uses under ``torch.compile``, compiled."""
+    import torch.nn.functional as F
+
+    from dit_core.models import TanhGELU
+
+    x = torch.randn(shape)
+    compiled = torch.compile(TanhGELU())
+
+    def best(fn):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return 1e3 * min(times)
+
+    return dict(shape=list(shape), tanh_kernel_ms=best(lambda: F.gelu(x, approximate="tanh")),
+                sigmoid_form_compiled_ms=best(lambda: compiled(x)))
+
+
 def model_train_gflop(w: dict) -> float:
     from dit_core.measure.flops import forward_macs
 
@@ -368,6 +391,10 @@ def format_tables(record: dict) -> str:
                          f"train step's CPU time and {p['sample']['matmul_share']:.0%} of sampling's; the step's model "
                          f"arithmetic runs at {p['train_gflops']:.0f} GFLOP/s, one {p['gemm_shape']} fp32 matrix product "
                          f"alone at {p['gemm_gflops']:.0f} GFLOP/s")
+            if p.get("gelu"):
+                lines.append(f"tanh GELU on {p['gelu']['shape'][0]}x{p['gelu']['shape'][1]}: PyTorch's kernel "
+                             f"{p['gelu']['tanh_kernel_ms']:.1f} ms, the sigmoid form compiled "
+                             f"{p['gelu']['sigmoid_form_compiled_ms']:.1f} ms")
     q = record.get("int8_quality")
     if q:
         lines.append("")
@@ -437,6 +464,8 @@ def main(argv=None) -> int:
                 part["profile"]["train_gflops"] = model_train_gflop(w) / med
                 part["profile"]["gemm_gflops"] = gemm_rate()
                 part["profile"]["gemm_shape"] = "2048x384 @ 384x1536"
+                if name == "DiT-S/2" and runtime.compiler_missing("cpu") is None and not args.no_compile:
+                    part["profile"]["gelu"] = gelu_times()
             if kind == "sample" and not args.no_profile:
                 part["profile"]["sample"] = profile_shares(next(c for c in cands if c.key == "fp32").fn)
             del cands

@@ -243,8 +243,8 @@ def synchronize(device: torch.device | str) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 #: What :func:`compile_dit` compiles: every block on its own (all blocks share one compiled graph, so it compiles
-#: once: seconds on a GPU, about half a minute on a 2-core CPU) or the whole model as one graph (embeddings and
-#: the final layer too; each block is traced again, so it compiles several times longer).
+#: once, not once per block) or the whole model as one graph (embeddings and the final layer too; every block is
+#: traced again, so it compiles several times longer).
 COMPILE_SCOPES = ("blocks", "model")
 
 

@@ -113,6 +113,10 @@ RUNGS = {
 }
 
 
+#: The rungs of issue 16 that a GPU ladder adds to :func:`default_rungs` (chapter 06; ``benchmarks/gpu_speed.sh``).
+HARDWARE_RUNGS = ("compile-model", "attn-cudnn", "ema-every-4", "fastest")
+
+
 def default_rungs(device_type: str, pixel: bool, official: bool = True, compile: bool = True) -> list[str]:
     """The ladder for a device: TF32 only on GPUs (so the strict-fp32 official step too: on a CPU it would
     differ from the reference only in its attention), the latents rung only for latent models."""
