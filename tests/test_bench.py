@@ -222,7 +222,7 @@ def test_issue16_rungs_are_data_and_reach_the_step():
         assert len(rung.label) <= 44  # the table's column
     assert bench.RUNGS["compile-model"].compile_scope == "model"
     assert bench.RUNGS["fastest"].attn_kernel == "cudnn" and bench.RUNGS["fastest"].ema_every == 4
-    assert bench.as_rung(dict(key="x", label="x")).compile_scope == "blocks"  # old records' rows still load
+    assert bench.as_rung(dict(key="x", label="x")).compile_scope is None  # old records' rows still load
     device = torch.device("cpu")
     spec = resolve_spec(replace(PIXEL, precision="bf16"))
     assert bench.rungs.step_options(spec, bench.RUNGS["ema-every-4"], device).ema_every == 4

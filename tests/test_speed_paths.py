@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -168,9 +169,14 @@ def test_tanh_gelu_eager_is_torchs_and_its_sigmoid_form_agrees():
 
 
 @needs_compiler
-@pytest.mark.parametrize("scope", ["blocks", "model"])
+@pytest.mark.parametrize("scope", [
+    pytest.param("blocks", marks=pytest.mark.xfail(
+        strict=True, reason="PyTorch 2.13 inductor on the CPU: a block compiled alone has gradients ~1 % off "
+                            "(runtime.default_compile_scope); when this passes, CPU may compile blocks again")),
+    None, "model"])
 def test_compiled_model_matches_eager(scope):
-    """Tolerance: 1e-5 on outputs of size ~1, 1e-4 relative on gradients (fused kernels round differently)."""
+    """Tolerance: 1e-5 on outputs of size ~1, 1e-4 relative on gradients (fused kernels round differently).
+    None is the scope the trainer and the ladder use on this device."""
     torch._dynamo.reset()
     _, eager = pair(seed=2)
     _, compiled = pair(seed=2)
@@ -291,3 +297,26 @@ def test_cuda_graph_sampler_matches_eager():
     runtime.compile_dit(model, "blocks", "reduce-overhead")
     graphed = generate(model, None, labels, **kw)
     assert torch.allclose(eager, graphed, atol=1e-2, rtol=1e-2)
+
+
+@needs_compiler
+def test_trainer_compiles_so_that_gradients_are_exact():
+    """The trainer's compile path (``compile: true``) against float64 eager at DiT-S's width: the bug that
+    :func:`dit_core.runtime.default_compile_scope` avoids gave 2.3 % here; float32 round-off is ~1e-6."""
+    from dit_core.train.step import compile_blocks
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    shape = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=384, depth=2, num_heads=6, num_classes=10)
+    base = DiT(**shape)
+    for p in base.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    x, t, y = inputs()
+    grads = []
+    for dtype, compiled in ((torch.float64, False), (torch.float32, True)):
+        model = copy.deepcopy(base).to(dtype)
+        if compiled:
+            compile_blocks(model)
+        model(x.to(dtype), t, y).pow(2).mean().backward()
+        grads.append(torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None]))
+    assert (grads[1] - grads[0]).norm() <= 1e-4 * grads[0].norm()

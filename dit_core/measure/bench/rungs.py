@@ -74,7 +74,8 @@ class Rung:
     tf32: bool = False
     compile: bool = False
     official: bool = False
-    compile_scope: str = "blocks"  # "blocks": each block (one shared compile); "model": the whole model
+    compile_scope: str | None = None  # "blocks": each block (one shared compile); "model": the whole model;
+    # None: runtime.default_compile_scope (blocks on a GPU, the whole model on the CPU)
     compile_mode: str | None = None  # torch.compile's mode, e.g. "max-autotune-no-cudagraphs"
     attn_kernel: str | None = None  # pin an SDPA kernel: "flash", "cudnn", "efficient" (None: PyTorch picks)
     ema_every: int = 1  # EMA update every N optimizer steps
