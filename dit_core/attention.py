@@ -11,6 +11,12 @@ Sec. 3.2). The arithmetic is always ``softmax(q k^T / sqrt(d)) v``; only *how* i
 ``"xformers"``
     ``xformers.ops.memory_efficient_attention`` when the xformers package is installed.
 
+With ``"sdpa"`` PyTorch picks the kernel; :func:`set_sdpa_kernel` pins one of its kernels instead (``"flash"``:
+FlashAttention-2, also PyTorch's CPU kernel; ``"cudnn"``: cuDNN's fused attention on Hopper-class GPUs;
+``"efficient"``: the memory-efficient kernel), so that the benchmark ladder can time each. The arithmetic and what
+is saved for backward (one log-sum-exp per head and query) are the same for all three, so the memory planner's
+``"sdpa"`` estimate covers them.
+
 The module's parameter names (``qkv``, ``proj``) match the official checkpoints.
 """
 
@@ -23,6 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BACKENDS = ("sdpa", "math", "xformers")
+#: The kernels of ``F.scaled_dot_product_attention`` that :func:`set_sdpa_kernel` can pin, by their SDPBackend name.
+SDPA_KERNELS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
 def xformers_available() -> bool:
@@ -46,10 +54,23 @@ def check_backend(name: str) -> str:
     return name
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
-    """Scaled dot-product attention on ``(batch, heads, tokens, head_dim)`` tensors."""
+def check_sdpa_kernel(kernel: str | None) -> str | None:
+    if kernel is not None and kernel not in SDPA_KERNELS:
+        raise ValueError(f"unknown sdpa kernel {kernel!r}; choose one of {', '.join(SDPA_KERNELS)} (or None: PyTorch picks)")
+    return kernel
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa",
+              kernel: str | None = None) -> torch.Tensor:
+    """Scaled dot-product attention on ``(batch, heads, tokens, head_dim)`` tensors; ``kernel`` pins one of SDPA's
+    kernels (:data:`SDPA_KERNELS`; ``backend="sdpa"`` only)."""
     if backend == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v)
+        if kernel is None:
+            return F.scaled_dot_product_attention(q, k, v)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, SDPA_KERNELS[kernel])):
+            return F.scaled_dot_product_attention(q, k, v)
     if backend == "math":
         scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
         return scores.softmax(dim=-1) @ v
@@ -71,14 +92,26 @@ class Attention(nn.Module):
             raise ValueError(f"hidden size {dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.backend = check_backend(backend)
+        self.sdpa_kernel: str | None = None  # None: PyTorch picks (set_sdpa_kernel pins one)
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, d = x.shape
         qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = attention(qkv[0], qkv[1], qkv[2], self.backend)  # (n, heads, t, head_dim)
+        out = attention(qkv[0], qkv[1], qkv[2], self.backend, self.sdpa_kernel)  # (n, heads, t, head_dim)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
+
+
+def set_sdpa_kernel(model: nn.Module, kernel: str | None) -> nn.Module:
+    """Pin SDPA's ``kernel`` ("flash", "cudnn", "efficient"; None: PyTorch picks) in every :class:`Attention` of
+    ``model``. A kernel that cannot run the inputs (cuDNN or the memory-efficient kernel on a CPU, an unsupported
+    head size) makes the forward pass fail with PyTorch's "No available kernel" error, which lists why."""
+    check_sdpa_kernel(kernel)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.sdpa_kernel = kernel
+    return model
 
 
 def benchmark_backends(model, x, t, y, backends=None, repeats: int = 3, backward: bool = True) -> dict:

@@ -207,3 +207,38 @@ def test_bad_input_is_a_clear_error(capsys):
     assert "unknown model" in capsys.readouterr().err
     with pytest.raises(ValueError, match="does not match image_size"):
         resolve_spec(BenchSpec(model="x", image_size=256, shape=dict(PIXEL.shape)))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The rungs of issue 16 (closer to the hardware): plain data, run by the same step, planned like "sdpa"
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_issue16_rungs_are_data_and_reach_the_step():
+    new = ("compile-model", "compile-autotune", "attn-cudnn", "attn-flash", "ema-every-4", "fastest")
+    for key in new:
+        rung = bench.RUNGS[key]
+        assert rung.compile and rung.amp and rung.latents and rung.fused_attention and not rung.checkpointing
+        assert len(rung.label) <= 44  # the table's column
+    assert bench.RUNGS["compile-model"].compile_scope == "model"
+    assert bench.RUNGS["fastest"].attn_kernel == "cudnn" and bench.RUNGS["fastest"].ema_every == 4
+    assert bench.as_rung(dict(key="x", label="x")).compile_scope is None  # old records' rows still load
+    device = torch.device("cpu")
+    spec = resolve_spec(replace(PIXEL, precision="bf16"))
+    assert bench.rungs.step_options(spec, bench.RUNGS["ema-every-4"], device).ema_every == 4
+    # a pinned kernel reaches every attention module; the planner sees plain sdpa (the same tensors are saved)
+    eager_flash = replace(bench.RUNGS["attn-flash"], compile=False)
+    step, _, _ = bench.make_step(spec, eager_flash, device)
+    assert {b.attn.sdpa_kernel for b in step.model.blocks} == {"flash"}
+    assert bench.ladder.planned_setup(step, spec, eager_flash).attn == "sdpa"
+    row = measure_rung(PIXEL, eager_flash)
+    assert row["status"] == "ok" and row["tricks"]["attn_kernel"] == "flash"
+    assert row["step_s_mean"] == pytest.approx(statistics.fmean(row["step_s"]), rel=1e-3)  # step_s is rounded
+    assert abs(row["plan_error"]) < 0.10  # the planner's stated error on the CPU's tensor peak
+
+
+def test_sampling_settings_int8_and_pinned_kernel():
+    s = bench.measure_sampling(replace(PIXEL, sample_int8=True, sample_attn_kernel="flash"))
+    assert s["int8"] and s["attn_kernel"] == "flash" and s["precision"] == "fp32" and s["images_per_s"] > 0
+    model = bench.timings.sampling_model(replace(PIXEL, sample_int8=True), DiT(**PIXEL.shape).eval())
+    assert type(model.blocks[0].mlp.fc1) is not torch.nn.Linear  # quantized

@@ -236,10 +236,15 @@ class GaussianDiffusion:
         """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0) (DDPM eqs. 6-7)."""
         if x_start.shape != x_t.shape:
             raise ValueError(f"x_start {tuple(x_start.shape)} and x_t {tuple(x_t.shape)} must have the same shape.")
-        mean = self._at("posterior_coef_x0", t, x_t) * x_start + self._at("posterior_coef_xt", t, x_t) * x_t
+        mean = self._posterior_mean(x_start, x_t, t)
         variance = _full(self._at("posterior_var", t, x_t), x_t)
         log_variance = _full(self._at("posterior_log_var", t, x_t), x_t)
         return mean, variance, log_variance
+
+    def _posterior_mean(self, x_start, x_t, t):
+        """mu_tilde_t(x_t, x_0) = coef_x0 x_0 + coef_xt x_t (DDPM eq. 7), without the full-size variance tensors
+        that :meth:`q_posterior_mean_variance` returns beside it."""
+        return self._at("posterior_coef_x0", t, x_t) * x_start + self._at("posterior_coef_xt", t, x_t) * x_t
 
     # ------------------------------------------------------------------ reverse process
 
@@ -303,7 +308,9 @@ class GaussianDiffusion:
             predicts_x0 = self.model_mean_type == ModelMeanType.START_X
             x0 = finish(prediction if predicts_x0 else self._x0_from_eps(x, t, prediction))
             # The mean of p is the posterior mean with the predicted x_0 plugged in (DDPM eq. 7 / 11).
-            mean = self.q_posterior_mean_variance(x0, x, t)[0]
+            if x0.shape != x.shape:
+                raise ValueError(f"x_start {tuple(x0.shape)} and x_t {tuple(x.shape)} must have the same shape.")
+            mean = self._posterior_mean(x0, x, t)
         return {"mean": mean, "variance": variance, "log_variance": log_variance, "pred_xstart": x0}
 
     def condition_mean(self, cond_fn, p_mean_var, x, t, model_kwargs=None):

@@ -23,11 +23,12 @@ from .ladder import (
     run_benchmark,
 )
 from .report import format_record, format_summary, format_table, save_result
-from .rungs import RUNGS, BenchSpec, Rung, as_rung, default_rungs, model_shape, profile_shape, resolve_spec
+from .rungs import (HARDWARE_RUNGS, RUNGS, BenchSpec, Rung, as_rung, default_rungs, model_shape, profile_shape,
+                    resolve_spec)
 from .timings import measure_optimizers, measure_sampling
 
 __all__ = [
-    "BenchSpec", "DEVICE_PEAK_TFLOPS", "RUNGS", "Rung", "add_ratios", "as_rung", "check_activations",
+    "BenchSpec", "DEVICE_PEAK_TFLOPS", "HARDWARE_RUNGS", "RUNGS", "Rung", "add_ratios", "as_rung", "check_activations",
     "default_rungs", "device_peak_tflops", "environment", "format_record", "format_summary", "format_table",
     "make_step", "measure_optimizers", "measure_planned", "measure_rung", "measure_rung_isolated",
     "measure_sampling", "model_shape", "profile_shape", "resolve_spec", "run_benchmark", "save_result",

@@ -90,7 +90,9 @@ def make_step(spec: BenchSpec, rung: Rung, device: torch.device, vae=None):
     from ...train.config import TrainConfig
     from ...train.ema import create_ema
     from ...train.loop import make_optimizer
-    from ...train.step import TrainStep, compile_blocks
+    from ...attention import set_sdpa_kernel
+    from ...runtime import compile_dit
+    from ...train.step import TrainStep
 
     shape = model_shape(spec)
     torch.manual_seed(spec.seed)
@@ -98,8 +100,10 @@ def make_step(spec: BenchSpec, rung: Rung, device: torch.device, vae=None):
         model = DiT(**shape.model_kwargs(), attn_backend="sdpa" if rung.fused_attention else "math")
     model.set_grad_checkpointing(rung.checkpointing).eval()  # eval: the step drops labels itself
     ema = create_ema(model)
+    if rung.attn_kernel:
+        set_sdpa_kernel(model, rung.attn_kernel)
     if rung.compile:
-        compile_blocks(model)
+        compile_dit(model, rung.compile_scope, rung.compile_mode)
     # the official recipe (AdamW, lr 1e-4, no weight decay); the official step uses PyTorch's default AdamW
     opt = make_optimizer(model, TrainConfig(fused_adam="false" if rung.official else "auto"), device)
     in_loop = None if (rung.latents or spec.pixel) else vae
@@ -179,6 +183,7 @@ def measure_rung(spec: BenchSpec, rung: "str | Rung") -> dict:
                 times.append(elapsed)
         row.update(loss=loss, step_s=[round(t, 5) for t in times], step_s_median=statistics.median(times),
                    step_s_min=min(times),  # the least disturbed step, for busy machines
+                   step_s_mean=statistics.fmean(times),  # with ema_every > 1 the average step carries its share
                    grad_accum=spec.grad_accum)
         row["images_per_s"] = spec.batch_size * spec.grad_accum / row["step_s_median"]
         if device.type == "cuda":

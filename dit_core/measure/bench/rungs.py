@@ -27,6 +27,24 @@ rung (key)       what changes
                  it would count TF32, which the official code already has, as a trick of ours
 ===============  =============================================================================================
 
+Beyond the fast-DiT ladder, rungs that each change one thing of ``all-no-ckpt`` (issue 16, closer to the
+hardware; ``benchmarks/gpu_speed.sh`` measures them):
+
+=========================  ===================================================================================
+``compile-model``          ``torch.compile`` of the whole model as one graph (embeddings, final layer and every
+                           block), not only each block: fewer graph boundaries, a longer compile
+``compile-autotune``       the blocks compiled with ``mode="max-autotune-no-cudagraphs"``: inductor times
+                           several matrix-product kernels per shape and keeps the fastest (minutes of compile)
+``attn-cudnn``             SDPA pinned to cuDNN's fused attention (Hopper); ``attn-flash``: to FlashAttention-2
+``ema-every-4``            the EMA updated every 4 optimizer steps with the decay raised to the 4th power (the
+                           trainer's ``ema_every``): a quarter of the EMA's memory traffic
+``fastest``                the cheap ones together: blocks compiled, cuDNN attention, EMA every 4 steps
+=========================  ===================================================================================
+
+The planner's estimate does not depend on these settings (the same tensors are saved for backward: a pinned SDPA
+kernel saves one log-sum-exp per head like PyTorch's own choice, the EMA and compile scope change no peak it
+predicts), so their rows are checked against it like the others.
+
 A rung is a :class:`Rung` record; a new one is a line in :data:`RUNGS` (or a ``Rung`` passed to
 :func:`dit_core.measure.bench.ladder.run_benchmark`). :func:`step_options` turns a rung into the options of
 the training step.
@@ -56,6 +74,11 @@ class Rung:
     tf32: bool = False
     compile: bool = False
     official: bool = False
+    compile_scope: str | None = None  # "blocks": each block (one shared compile); "model": the whole model;
+    # None: runtime.default_compile_scope (blocks on a GPU, the whole model on the CPU)
+    compile_mode: str | None = None  # torch.compile's mode, e.g. "max-autotune-no-cudagraphs"
+    attn_kernel: str | None = None  # pin an SDPA kernel: "flash", "cudnn", "efficient" (None: PyTorch picks)
+    ema_every: int = 1  # EMA update every N optimizer steps
 
 
 RUNGS = {
@@ -77,9 +100,22 @@ RUNGS = {
         Rung("all-no-ckpt-eager", "all but checkpointing and compile", amp=True, latents=True, fused_attention=True,
              tf32=True),
         Rung("official", "official train.py step (fp32+TF32, sdpa)", official=True, fused_attention=True, tf32=True),
+        *(Rung(key, label, amp=True, latents=True, fused_attention=True, tf32=True, compile=True, **extra)
+          for key, label, extra in (
+              ("compile-model", "all but ckpt, compile whole model", dict(compile_scope="model")),
+              ("compile-autotune", "all but ckpt, compile max-autotune", dict(compile_mode="max-autotune-no-cudagraphs")),
+              ("attn-cudnn", "all but ckpt, cuDNN attention", dict(attn_kernel="cudnn")),
+              ("attn-flash", "all but ckpt, flash attention pinned", dict(attn_kernel="flash")),
+              ("ema-every-4", "all but ckpt, EMA every 4 steps", dict(ema_every=4)),
+              ("fastest", "all but ckpt, cuDNN attention, EMA/4", dict(attn_kernel="cudnn", ema_every=4)),
+          )),
         Rung("official-fp32", "official step, strict fp32 (no TF32, math)", official=True),
     )
 }
+
+
+#: The rungs of issue 16 that a GPU ladder adds to :func:`default_rungs` (chapter 06; ``benchmarks/gpu_speed.sh``).
+HARDWARE_RUNGS = ("compile-model", "attn-cudnn", "ema-every-4", "fastest")
 
 
 def default_rungs(device_type: str, pixel: bool, official: bool = True, compile: bool = True) -> list[str]:
@@ -122,6 +158,10 @@ class BenchSpec:
     sample_batch: int = 2
     sample_decode: bool = True
     memory_limit_gib: float | None = None  # CUDA: cap the allocator at this much, as on a smaller card
+    sample_compile: str | None = None  # sampling: torch.compile "blocks" or the whole "model" (None: eager)
+    sample_compile_mode: str | None = None  # e.g. "reduce-overhead": CUDA graphs of the compiled model
+    sample_attn_kernel: str | None = None  # sampling: pin an SDPA kernel ("flash", "cudnn", "efficient")
+    sample_int8: bool = False  # sampling on the CPU: int8 linears (dit_core.sample.samplers.int8_copy; opt-in)
 
 
 def as_rung(rung: "str | Rung | dict") -> Rung:
@@ -139,7 +179,7 @@ def step_options(spec: "BenchSpec", rung: Rung, device: torch.device) -> StepOpt
     """The training step's options for ``rung``: the trainer's step, or the official ``train.py``'s."""
     precision = resolve_precision(spec.precision, device, "reduced") if rung.amp else "fp32"
     base = StepOptions.official() if rung.official else StepOptions()
-    return replace(base, grad_accum=spec.grad_accum, precision=precision)
+    return replace(base, grad_accum=spec.grad_accum, precision=precision, ema_every=rung.ema_every)
 
 
 def profile_shape(name: str) -> tuple[dict, int, bool]:

@@ -56,7 +56,8 @@ def _random_model(spec: BenchSpec, device: torch.device):
 def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -> dict:
     """Images/s of guided sampling: ``sample_steps`` DDIM (or DDPM) steps with classifier-free guidance
     (each step runs the model on the conditional and the null-class halves), bf16/fp16 autocast and fused
-    attention where available, then the VAE decoder for latent models."""
+    attention where available, then the VAE decoder for latent models. The spec's ``sample_*`` fields choose how
+    the model runs (:func:`sampling_model`: compiled, CUDA graphs, a pinned attention kernel, int8 on the CPU)."""
     from ...diffusion import create_diffusion
     from ...models import DiT
     from ...sample import generate
@@ -69,15 +70,17 @@ def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -
     if spec.sampler not in ("ddim", "ddpm"):
         raise ValueError(f"sampler must be ddim or ddpm, got {spec.sampler!r}")
     shape = model_shape(spec)
-    precision = resolve_precision(spec.precision, device, "reduced")
-    model = _random_model(spec, device).eval()
+    precision = "fp32" if spec.sample_int8 else resolve_precision(spec.precision, device, "reduced")
+    model = sampling_model(spec, _random_model(spec, device).eval())
     diffusion = create_diffusion("", learn_sigma=shape.learn_sigma)
     guided = shape.num_classes > 0 and spec.cfg_scale != 1.0
     labels = torch.randint(0, max(shape.num_classes, 1), (spec.sample_batch,))
     kwargs = dict(cfg_scale=spec.cfg_scale if guided else 1.0, seed=spec.seed, device=device, amp=precision,
                   clip_denoised=False, batch_size=spec.sample_batch)
-    generate(model, diffusion, labels, sampler="ddim", steps=2, **kwargs)  # warm-up
+    start = time.perf_counter()
+    generate(model, diffusion, labels, sampler="ddim", steps=2, **kwargs)  # warm-up (and compilation)
     synchronize(device)
+    warmup_s = time.perf_counter() - start
     start = time.perf_counter()
     samples = generate(model, diffusion, labels, sampler=spec.sampler, steps=spec.sample_steps, **kwargs)
     synchronize(device)
@@ -99,7 +102,24 @@ def measure_sampling(spec: BenchSpec, vae=None, vae_source: str | None = None) -
     return dict(sampler=spec.sampler, steps=spec.sample_steps, cfg_scale=spec.cfg_scale if guided else None,
                 batch=n, precision=precision, loop_s=loop_s, decode_s=decode_s,
                 images_per_s=n / (loop_s + decode_s), s_per_image=(loop_s + decode_s) / n,
-                model_tflop_per_image=2 * macs * evals / 1e12, vae=vae_source if decode_s else None)
+                model_tflop_per_image=2 * macs * evals / 1e12, vae=vae_source if decode_s else None,
+                compile=spec.sample_compile, compile_mode=spec.sample_compile_mode,
+                attn_kernel=spec.sample_attn_kernel, int8=spec.sample_int8, warmup_s=warmup_s)
+
+
+def sampling_model(spec: BenchSpec, model: torch.nn.Module) -> torch.nn.Module:
+    """The sampling model as ``spec`` asks: int8 linears (CPU), a pinned SDPA kernel, compiled (in that order)."""
+    from ...attention import set_sdpa_kernel
+    from ...runtime import compile_dit
+    from ...sample.samplers import int8_copy
+
+    if spec.sample_int8:
+        model = int8_copy(model)
+    if spec.sample_attn_kernel:
+        set_sdpa_kernel(model, spec.sample_attn_kernel)
+    if spec.sample_compile:
+        compile_dit(model, spec.sample_compile, spec.sample_compile_mode)
+    return model
 
 
 def measure_optimizers(spec: BenchSpec, repeats: int = 3, ema_every: int = 4) -> list[dict]:
