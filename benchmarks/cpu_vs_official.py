@@ -128,8 +128,9 @@ def train_candidates(w: dict, ref: torch.nn.Module, settings: list[str]) -> list
     for setting in settings:
         model = dit_copy(ref, w).eval()  # eval: the step drops labels itself
         precision = "bf16" if "bf16" in setting else "fp32"
-        if "compile" in setting:
-            runtime.compile_dit(model, "model" if "model" in setting else "blocks")
+        if "compile" in setting:  # the trainer's scope (runtime.default_compile_scope): the whole model on the CPU,
+            # where a block compiled alone has wrong gradients (PyTorch 2.13)
+            runtime.compile_dit(model, "model" if "model" in setting else None)
         opt = make_optimizer(model, TrainConfig(), torch.device("cpu"))  # fused AdamW, the trainer's default
         step = TrainStep(model, create_diffusion("", noise_schedule=w["schedule"]), opt, create_ema(model),
                          StepOptions(precision=precision, grad_clip=w["grad_clip"]), batch_size=n)
@@ -171,7 +172,7 @@ def sample_candidates(w: dict, ref: torch.nn.Module, settings: list[str]) -> lis
 
 LABELS = {
     "fp32": "dit_core, fp32",
-    "compile": "dit_core, compile (blocks)",
+    "compile": "dit_core, compile",  # train: the trainer's scope; sample: each block
     "compile-model": "dit_core, compile (whole model)",
     "bf16": "dit_core, bf16 autocast",
     "bf16-compile": "dit_core, bf16 + compile (blocks)",
