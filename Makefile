@@ -1,6 +1,7 @@
 # DiT on one GPU: set up, test, and build the book.
 #
-#   make book    set up (if needed), execute every chapter at its embedded default, build HTML in _build/html
+#   make book    set up (if needed), execute every chapter at its embedded default, build HTML in _build/html,
+#                record each chapter's time in book/_timings.json
 #   make test    set up (if needed), run the whole pytest suite (unit tests + notebook smoke runs)
 #   make smoke   only the papermill smoke runs of the notebooks in book/
 #   make nbval   the cheap chapters at their full defaults, checked by nbval (lax: they must run without error)
@@ -72,7 +73,7 @@ SMOKE_NOTEBOOKS := $(patsubst book/%.ipynb,$(SMOKE_DIR)/%.smoke.ipynb,$(NOTEBOOK
 LIBRARY_SOURCES := $(shell find dit_core -name '*.py' -o -name '*.yaml' 2>/dev/null)
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(SETUP_STAMP)
 
@@ -147,9 +148,15 @@ browser-test: setup
 	  "$(PYTHON)" -m pytest -q -p no:cacheprovider -m browser tests/test_browser.py $(PYTEST_ARGS)
 	@echo ">> screenshots: $(CURDIR)/_build/screenshots/"
 
+# After the build, the execution time of every chapter it ran goes into book/_timings.json (with the date, the
+# commit and the machine), and the intro's chapter table is regenerated from it (dit_core/book/timings.py): commit
+# both. The chapters' "Running this chapter" boxes read that file, so the next build shows these times.
 book: setup vendor
-	JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS)
+	start=$$(date +%s); \
+	JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS); \
+	"$(PYTHON)" -m dit_core.book timings record --build-dir _build --since $$start
 	@echo ">> book: file://$(CURDIR)/_build/html/index.html"
+	@echo ">> chapter times: book/_timings.json and book/intro.md (commit them)"
 
 clean:
 	rm -rf _build .pytest_cache $(VENDOR)

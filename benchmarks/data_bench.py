@@ -19,7 +19,6 @@ quality 90; decoding real photographs costs about the same per pixel.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -31,9 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dit_core.bench_data import loader_rate, make_jpegs, random_vae, rate  # noqa: E402
+from dit_core.book.bench_data import loader_rate, make_jpegs, rate  # noqa: E402
 from dit_core.data import ImageFolderDataset  # noqa: E402
-from dit_core.latents import LatentDataset, compare_precisions, encode_moments, extract_latents, load_vae  # noqa: E402
+from dit_core.latents import LatentDataset, extract_latents  # noqa: E402
+from dit_core.runtime import usable_cores  # noqa: E402
+from dit_core.vae import compare_precisions, encode_moments, load_vae, random_vae  # noqa: E402
 
 
 def make_vae(kind: str):
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     p.add_argument("--keep", default=None, help="keep the data and latents in this folder")
     args = p.parse_args(argv)
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     workers = args.workers if args.workers is not None else max(0, cores - 1)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dit-data-bench-"))

@@ -2,7 +2,9 @@
 # DiT-XL/2 on one GPU, measured in one go:
 #   * the fast-DiT ladder (baseline fp32 + VAE in the loop, + checkpointing, + mixed precision, + latents,
 #     + fused attention, + TF32, + torch.compile, all together) at batch 32 and at batch 256, each rung in a
-#     fresh process, with its step time, images/s, MFU and torch.cuda.max_memory_allocated;
+#     fresh process, with its step time, images/s, MFU and torch.cuda.max_memory_allocated; every speed-up is
+#     against the official train.py step as it runs (fp32 with TF32, fused attention, VAE in the loop), and
+#     the same step in strict fp32 (TF32 off) is a row of its own;
 #   * the memory planner against max_memory_allocated, for every rung and for the planner's own choice of
 #     micro-batch and checkpointing for this card (global batch 256);
 #   * sampling throughput (250 DDPM steps, classifier-free guidance 4.0, VAE decoder included) and the
@@ -28,7 +30,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from dit_core import bench, memory
+from dit_core.measure import bench, memory
 
 # GPU_LADDER_DRY_RUN=1 runs the same script on the CPU with a tiny latent model (to check the script itself).
 dry = os.environ.get("GPU_LADDER_DRY_RUN", "0") == "1"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from dit_core import bench, memory  # noqa: E402
+from dit_core.measure import bench, memory  # noqa: E402
 
 
 def main() -> None:

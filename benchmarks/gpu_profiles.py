@@ -7,10 +7,12 @@ EMA, checkpoint) for ``--steps`` steps on synthetic 256 px latents, and prints i
 from the run's ``summary.json``. The latents come from random images encoded by a randomly initialised VAE
 of Stable Diffusion's architecture (nothing is downloaded), so the loss means nothing; speed and memory do.
 
-    python benchmarks/gpu_profiles.py                       # all GPU profiles, 30 steps each
-    python benchmarks/gpu_profiles.py --profiles h100-80gb --steps 50
+    python benchmarks/gpu_profiles.py                       # the GPU profiles, 30 steps each
+    python benchmarks/gpu_profiles.py --profiles rtx3060-12gb --steps 20 --json benchmarks/results/x.json
+    python benchmarks/gpu_profiles.py --dry-run              # on a CPU: a tiny model with each profile's settings
 
-Writes ``<out>/profiles.json``; about a minute per profile on an H100-class card.
+``rtx3060-12gb`` needs bitsandbytes (8-bit AdamW): ``pip install -e ".[lowmem]"``. Writes
+``<out>/profiles.json`` (and ``--json``); about a minute per profile on an H100-class card.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: card size of each profile, GiB as the allocator counts it (an "80 GB" card shows ~79.2 GiB)
+#: card size of each profile, GiB as the allocator counts it (an "80 GB" card shows ~79.2 GiB; the 12 GB cap
+#: is below 12 GiB, as torch reports a 12 GB card, so a profile that runs here fits the real card)
 CARDS = {"rtx3060-12gb": 11.6, "rtx3090-24gb": 23.6, "a100-40gb": 39.4, "a100-80gb": 79.2, "h100-80gb": 79.2}
+#: --dry-run: each profile's settings on a tiny model, on the CPU (checks this script and the settings)
+DRY = dict(depth=2, hidden_size=64, num_heads=2, batch_size=8, grad_accum=2, device="cpu", num_workers=0)
 
 
 def make_latents(root: Path, images: int, size: int = 256, classes: int = 10) -> Path:
@@ -37,7 +42,7 @@ def make_latents(root: Path, images: int, size: int = 256, classes: int = 10) ->
     from diffusers import AutoencoderKL
     from PIL import Image
 
-    from dit_core.bench import SD_VAE_CONFIG
+    from dit_core.vae import SD_VAE_CONFIG
     from dit_core.latents import extract_latents
 
     out = root / "latents"
@@ -51,12 +56,13 @@ def make_latents(root: Path, images: int, size: int = 256, classes: int = 10) ->
     torch.manual_seed(0)
     AutoencoderKL(**SD_VAE_CONFIG).save_pretrained(root / "vae")
     result = extract_latents(root / "images", out, vae=str(root / "vae"), image_size=size, batch_size=64,
-                             num_workers=4, progress=False)
+                             num_workers=4 if images > 64 else 0, progress=False)
     assert result["complete"], result
     return out
 
 
-def child(profile: str, latents: str, out: str, steps: int, limit_gib: float | None) -> None:
+def child(profile: str, latents: str, out: str, steps: int, limit_gib: float | None, dry: bool = False,
+          image_size: int = 256) -> None:
     """One profile in this process (a fresh one, so that its peak memory is its own)."""
     import torch
 
@@ -66,57 +72,73 @@ def child(profile: str, latents: str, out: str, steps: int, limit_gib: float | N
     if limit_gib:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * 2**30 / total))
-    cfg = make_config(profile, dict(latents_path=latents, out=out, max_steps=steps, log_every=10,
-                                    ckpt_every=steps, sample_every=0, sample_at_end=False, tensorboard=False,
-                                    progress=False, num_workers=4))
+    overrides = dict(latents_path=latents, out=out, max_steps=steps, log_every=min(10, steps), ckpt_every=steps,
+                     sample_every=0, sample_at_end=False, tensorboard=False, progress=False, num_workers=4,
+                     image_size=image_size)
+    cfg = make_config(profile, dict(overrides, **(DRY if dry else {})))
     train(cfg)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", nargs="+", default=["h100-80gb", "a100-40gb", "rtx3090-24gb"])
+    ap.add_argument("--profiles", nargs="+", default=["rtx3060-12gb", "rtx3090-24gb", "a100-40gb", "h100-80gb"])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--out", default="runs/gpu-profiles")
+    ap.add_argument("--json", default=None, help="also write the rows and the table to this file")
     ap.add_argument("--no-limit", action="store_true", help="do not cap the allocator at the profile's card size")
-    ap.add_argument("--child", nargs=5, metavar=("PROFILE", "LATENTS", "OUT", "STEPS", "LIMIT"), help=argparse.SUPPRESS)
+    ap.add_argument("--dry-run", action="store_true", help="on the CPU: a tiny model, 32 px, no cap")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per profile")
+    ap.add_argument("--child", nargs=7, metavar=("PROFILE", "LATENTS", "OUT", "STEPS", "LIMIT", "DRY", "SIZE"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        p, lat, out, steps, limit = args.child
-        return child(p, lat, out, int(steps), float(limit) or None)
+        p, lat, out, steps, limit, dry, size = args.child
+        return child(p, lat, out, int(steps), float(limit) or None, dry == "1", int(size))
 
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("gpu_profiles.py needs a CUDA GPU (the profiles are GPU settings; the CPU one is `--config digits`)")
+    if not (torch.cuda.is_available() or args.dry_run):
+        sys.exit("gpu_profiles.py needs a CUDA GPU (the profiles are GPU settings; the CPU one is `--config digits`); "
+                 "--dry-run checks the script on a CPU")
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    latents = make_latents(root, args.images)
-    print(f"latents: {args.images} synthetic 256 px images in {time.time() - start:.0f} s", flush=True)
-    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    size = 32 if args.dry_run else 256
+    images = min(args.images, 16) if args.dry_run else args.images
+    latents = make_latents(root, images, size=size)
+    print(f"latents: {images} synthetic {size} px images in {time.time() - start:.0f} s", flush=True)
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30 if not args.dry_run else 0.0
     rows = []
     for profile in args.profiles:
-        limit = 0.0 if args.no_limit else min(CARDS.get(profile, total), total)
+        limit = 0.0 if args.no_limit or args.dry_run else min(CARDS.get(profile, total), total)
         out = root / profile
         t0 = time.time()
-        proc = subprocess.run([sys.executable, __file__, "--child", profile, str(latents), str(out), str(args.steps),
-                               str(limit)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-        row = dict(profile=profile, limit_gib=limit or None, wall_s=round(time.time() - t0, 1))
+        cmd = [sys.executable, __file__, "--child", profile, str(latents), str(out), str(args.steps), str(limit),
+               "1" if args.dry_run else "0", str(size)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=dict(os.environ, PYTHONPATH=str(REPO)))
+        except subprocess.TimeoutExpired as err:
+            proc = subprocess.CompletedProcess(cmd, 124, (err.stdout or b"").decode(errors="replace")
+                                               if isinstance(err.stdout, bytes) else (err.stdout or ""),
+                                               f"timed out after {args.timeout:g} s")
+        row = dict(profile=profile, limit_gib=limit or None, wall_s=round(time.time() - t0, 1), dry_run=args.dry_run)
         summary = out / "summary.json"
         if proc.returncode == 0 and summary.exists():
             s = json.loads(summary.read_text())
             records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             row.update(status="ok", images_per_s=s["images_per_s"], peak_memory_gb=s["peak_memory_gb"],
-                       final_loss=s["final_loss"], precision=s["precision"],
+                       final_loss=s["final_loss"], precision=s["precision"], steps=s["steps"],
                        # the last logging interval: start-up and the first steps' kernel choices excluded
                        steady_images_per_s=records[-1]["images_per_s"] if records else None)
         else:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-            row.update(status="OOM" if "out of memory" in proc.stderr.lower() else "error", detail=" | ".join(tail)[-400:])
+            row.update(status="OOM" if "out of memory" in (proc.stderr or "").lower() else "error",
+                       detail=" | ".join(tail)[-400:])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    gpu = torch.cuda.get_device_name(0)
+    gpu = torch.cuda.get_device_name(0) if not args.dry_run else "CPU (dry run: a tiny model with the profiles' settings)"
     lines = [f"DiT-XL/2 profiles of dit-train, {args.steps} steps each on {gpu} (allocator capped at the card size):",
              f"{'profile':<16}{'cap GiB':>9}{'img/s run':>11}{'img/s last 10':>15}{'peak GiB':>10}  status"]
     for r in rows:
@@ -124,7 +146,11 @@ def main() -> None:
                      f"{r.get('steady_images_per_s') or 0:>15.1f}{r.get('peak_memory_gb', 0):>10.2f}  {r['status']}")
     table = "\n".join(lines)
     print("\n" + table)
-    (root / "profiles.json").write_text(json.dumps(dict(gpu=gpu, steps=args.steps, rows=rows, table=table), indent=1))
+    record = json.dumps(dict(gpu=gpu, steps=args.steps, rows=rows, table=table), indent=1)
+    (root / "profiles.json").write_text(record)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(record)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,14 @@ the model (:mod:`dit_core.models`), the Gaussian diffusion (:mod:`dit_core.diffu
 loading that accepts the official checkpoints (:mod:`dit_core.checkpoint`), and the tools a
 one-GPU trainer needs.
 
+The layout follows the architecture: the teaching core (:mod:`.models`, :mod:`.attention`, :mod:`.diffusion`,
+:mod:`.train`, :mod:`.sample`); what faster-converging objectives add for training only (:mod:`.alignment`,
+:mod:`.teachers`; the options themselves are :mod:`.train.objectives`); the data pipeline (:mod:`.vae`,
+:mod:`.data`, :mod:`.latents`, and :mod:`.downloads`, which fetches the GPU track's files only when asked); evaluation
+(:mod:`.eval`); checkpoints and interop (:mod:`.checkpoint`, :mod:`.interop`, :mod:`.atomic`); where the
+computation runs (:mod:`.runtime`); the measuring tools (:mod:`.measure`); the command lines on top (:mod:`.cli`);
+and, apart from the library, the book's helpers (:mod:`.book`).
+
 Names are imported lazily so that ``import dit_core`` stays cheap and each piece can be used alone.
 """
 

@@ -93,6 +93,7 @@ def extract_state_dict(ckpt: dict, prefer_ema: bool = True) -> tuple[dict, dict]
         meta.update(vars(ckpt["args"]))
     if isinstance(ckpt.get("config"), dict) and isinstance(ckpt["config"].get("model_config"), dict):
         meta.update(ckpt["config"]["model_config"])  # dit_core training checkpoints
+        meta["objective"] = ckpt["config"].get("objective", "ddpm")  # what the output means: noise, or a velocity
     order = ("ema", "model") if prefer_ema else ("model", "ema")
     for key in order:
         if isinstance(ckpt.get(key), dict):
@@ -185,11 +186,16 @@ def load_dit(
     ``num_classes``, ...) are checked against the file; ``num_heads``, ``class_dropout_prob``,
     ``attn_backend`` and ``grad_checkpointing`` choose what the shapes cannot tell. The model is returned in
     eval mode. Example: ``load_dit("DiT-XL-2-256x256.pt")`` gives the 256 px DiT-XL/2 with 1000 classes.
+    A checkpoint whose settings say ``class_dropout_prob: 0`` has no null-class row: every row of its label
+    table is a class (a bare state dict cannot say so, and is read as having the null class).
     """
     state, meta = extract_state_dict(read_checkpoint(path), prefer_ema=prefer_ema)
     config = infer_config(state, num_heads=overrides.pop("num_heads", meta.get("num_heads")))
     if "class_dropout_prob" in meta:
         config["class_dropout_prob"] = meta["class_dropout_prob"]
+        table = state.get("y_embedder.embedding_table.weight")
+        if table is not None and not meta["class_dropout_prob"]:  # no null-class row: every row is a class
+            config["num_classes"] = table.shape[0]
     unknown = set(overrides) - set(DiT.__init__.__code__.co_varnames[1 : DiT.__init__.__code__.co_argcount])
     if unknown:
         raise TypeError(f"unknown DiT argument(s) {sorted(unknown)} for load_dit")

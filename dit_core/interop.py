@@ -297,13 +297,13 @@ def make_scheduler(
     scale = 1000 / num_train_timesteps
     common = dict(num_train_timesteps=num_train_timesteps, beta_start=0.0001 * scale, beta_end=0.02 * scale,
                   beta_schedule=schedule[noise_schedule], prediction_type="epsilon")
-    kind = kind.lower().replace("_", "-")
+    kind = kind.lower()
     if kind == "ddim":
         return DDIMScheduler(**common, clip_sample=clip_sample, set_alpha_to_one=True, steps_offset=0,
                              timestep_spacing="leading")
     if kind == "ddpm":
         return DDPMScheduler(**common, clip_sample=clip_sample, variance_type="fixed_small")
-    if kind in ("dpm", "dpm-solver", "dpm-solver++", "dpmsolver++"):
+    if kind == "dpm-solver++":
         return DPMSolverMultistepScheduler(**common, algorithm_type="dpmsolver++", solver_order=2,
                                            lower_order_final=True, timestep_spacing="linspace")
     raise InteropError(f"unknown scheduler {kind!r}; choose 'ddim', 'ddpm' or 'dpm-solver++'")
@@ -320,23 +320,37 @@ def export_diffusers(
     diffusion_steps: int = 1000,
     pipeline_null_class: bool = True,
     overwrite: bool = False,
+    objective: str | None = None,
 ) -> Path:
     """Write ``model`` as a diffusers ``DiTPipeline`` folder (``save_pretrained`` layout); returns the folder.
 
     ``out_dir/model_index.json`` (with ``id2label``), ``transformer/`` (config + safetensors),
     ``scheduler/``, ``vae/`` when a VAE is given (an ``AutoencoderKL`` or a name/path for
-    :func:`dit_core.latents.load_vae`), and ``dit_core.json`` with what diffusers' config cannot say (the
+    :func:`dit_core.vae.load_vae`), and ``dit_core.json`` with what diffusers' config cannot say (the
     true class count, the label names, pixel or latent space). Without a VAE (a pixel-space model such as
     the digits default), load it with ``DiTPipeline.from_pretrained(out_dir, vae=PixelDecoder())``.
+
+    ``objective``: what the model was trained for (default: what its checkpoint recorded, else "ddpm"). A model
+    of ``objective: flow`` is refused: it predicts the velocity of the linear interpolant, and ``DiTPipeline``
+    hands the transformer's output to its scheduler as DDPM noise.
     """
     from diffusers import DiTPipeline
+
+    objective = objective or getattr(model, "checkpoint_meta", {}).get("objective") or "ddpm"
+    if objective != "ddpm":
+        raise InteropError(
+            f"this model was trained with objective {objective!r}: it predicts the velocity of the linear interpolant "
+            "(x_t = (1 - t) x_0 + t eps), but diffusers' DiTPipeline reads the transformer's output as DDPM noise "
+            "(epsilon) for its DDIM/DDPM/DPM-Solver schedulers, so an export would sample garbage. Sample it with "
+            "dit-sample (samplers euler, heun, euler-maruyama) instead"
+        )
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
     if isinstance(vae, (str, os.PathLike)):
-        from .latents import load_vae
+        from .vae import load_vae
 
         vae = load_vae(vae)
     config = model.config()

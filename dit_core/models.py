@@ -382,7 +382,7 @@ class DiT(nn.Module):
         output repeats the guided prediction for both halves.
 
         ``guidance_channels=None`` guides all ``in_channels`` noise channels. The official code guides only the
-        first 3 of the 4 latent channels (a known quirk that its published FID of 2.27 depends on);
+        first 3 of the 4 latent channels (a known quirk; the paper's FID of 2.27 was obtained with it);
         ``guidance_channels=3`` reproduces it exactly. The learned-variance channels are never guided.
         """
         k = self.in_channels if guidance_channels is None else int(guidance_channels)

@@ -10,21 +10,20 @@ test exercises every weight).
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import torch
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "official_dit_state_dict.json"
+from shared_reference import reference_file
+
+REFERENCE = "official_dit_state_dict.json"
 
 # Published layout of DiT-XL/2 (used when the shared/ folder is not beside the repository).
 _XL = 1152
 
 
 def published_layout() -> dict:
-    """The JSON reference, or None when the shared folder is not beside the checkout."""
-    if REFERENCE.exists():
-        return json.loads(REFERENCE.read_text())
-    return None
+    """The JSON reference, or None when the shared reference folder is not found (see shared_reference.py)."""
+    path = reference_file(REFERENCE)
+    return json.loads(path.read_text()) if path else None
 
 
 def official_shapes(hidden: int, depth: int, patch: int, in_channels: int, grid: int, num_classes: int,

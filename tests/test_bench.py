@@ -1,13 +1,18 @@
-"""dit-bench on tiny models: every rung runs, its figures are consistent, the reference step is there."""
+"""dit-bench on tiny models: every rung runs the trainer's step, its figures are consistent, the reference step
+is the official one."""
 
 import json
+import statistics
 from dataclasses import replace
 
 import pytest
 import torch
 
-from dit_core import bench, memory
-from dit_core.bench import BenchSpec, measure_rung, resolve_spec
+from dit_core.measure import bench, memory
+from dit_core.measure.bench import BenchSpec, measure_rung, resolve_spec, timings
+from dit_core.measure.flops import forward_macs
+from dit_core.models import DiT
+from dit_core.train.step import TrainStep
 
 PIXEL = BenchSpec(model="tiny-pixel", pixel=True, image_size=8, batch_size=4, steps=2, warmup=1, threads=1,
                   shape=dict(depth=2, hidden_size=64, num_heads=4, patch_size=2, input_size=8, in_channels=1,
@@ -24,7 +29,8 @@ def test_pixel_ladder_rows_are_consistent():
     rows = [measure_rung(PIXEL, key) for key in ("official", "baseline", "ckpt", "amp", "sdpa")]
     for row in rows:
         assert row["status"] == "ok", row
-        assert len(row["step_s"]) == 2 and row["step_s_median"] > 0
+        assert len(row["step_s"]) == 2 and row["step_s_min"] <= row["step_s_median"] <= max(row["step_s"]) + 1e-5
+        assert row["step_s_median"] == pytest.approx(statistics.median(row["step_s"]), abs=1e-5)
         assert row["images_per_s"] == pytest.approx(4 / row["step_s_median"])
         assert row["vae"] is None  # pixel space: no VAE anywhere
         # the planner's peak against every tensor the step allocated (CPU tracker)
@@ -34,7 +40,10 @@ def test_pixel_ladder_rows_are_consistent():
     assert by["sdpa"]["attention"] == "sdpa" and by["baseline"]["attention"] == "math"
     assert by["ckpt"]["planned"]["activations"] < by["baseline"]["planned"]["activations"]
     assert by["ckpt"]["tensor_peak_bytes"] < by["baseline"]["tensor_peak_bytes"]
-    bench._add_ratios(rows)
+    # the official order keeps last step's gradients through the forward pass: planned and measured
+    assert by["official"]["planned_peak_bytes"] > by["baseline"]["planned_peak_bytes"]
+    assert by["official"]["tensor_peak_bytes"] > by["baseline"]["tensor_peak_bytes"]
+    bench.add_ratios(rows)
     assert by["official"]["speedup_vs_official"] == 1.0
     assert by["sdpa"]["speedup_vs_baseline"] == pytest.approx(by["baseline"]["step_s_median"] / by["sdpa"]["step_s_median"])
 
@@ -47,14 +56,37 @@ def test_gradient_accumulation_rung_and_its_memory():
     assert -0.05 < memory.relative_error(row["planned_peak_bytes"], row["tensor_peak_bytes"]) < 0.15
 
 
-def test_official_step_is_the_plain_one():
-    spec = resolve_spec(PIXEL)
-    step = bench.OfficialStep(spec, torch.device("cpu"))
-    assert step.model.attn_backend == "math" and step.precision == "fp32" and not step.model.checkpointed_blocks
-    assert not step.opt.defaults.get("fused")
-    loss = step()
-    assert torch.isfinite(loss)
-    assert all(p.grad is not None for p in step.model.parameters() if p.requires_grad)  # zero_grad after forward
+def _grads_at_each_forward(key):
+    """Run three steps of a rung; for each forward pass, whether the model held gradients at its start."""
+    step, batches, _ = bench.make_step(resolve_spec(PIXEL), bench.RUNGS[key], torch.device("cpu"))
+    seen = []
+    step.model.register_forward_pre_hook(
+        lambda module, args: seen.append(any(p.grad is not None for p in module.parameters())))
+    for i in range(3):
+        step(i, batches)
+    return step, seen
+
+
+def test_every_rung_runs_the_trainers_step_and_the_official_one_keeps_its_order():
+    trainer, trainer_seen = _grads_at_each_forward("baseline")
+    official, official_seen = _grads_at_each_forward("official")
+    strict, strict_seen = _grads_at_each_forward("official-fp32")
+    for step in (trainer, official, strict):
+        assert type(step) is TrainStep  # the step dit-train runs, not a copy of it
+        assert step.options.precision == "fp32" and not step.model.checkpointed_blocks
+    # the reference is the official train.py as it is: fused attention (timm's Attention calls sdpa) and TF32
+    # on; the strict-fp32 rung turns both off
+    assert official.model.attn_backend == "sdpa" and bench.RUNGS["official"].tf32
+    assert strict.model.attn_backend == "math" and not bench.RUNGS["official-fp32"].tf32
+    assert trainer.model.attn_backend == "math"
+    assert strict_seen == official_seen
+    # dit-train frees the gradients after each update; the official train.py zeroes them after the forward
+    # pass, so from the second step on the previous step's gradients are alive while the model runs
+    assert trainer_seen == [False, False, False]
+    assert official_seen == [False, True, True]
+    # the official step has no NaN guard, no clipping, and PyTorch's default AdamW
+    assert trainer.guard is not None and official.guard is None
+    assert not official.opt.defaults.get("fused") and trainer.opt.defaults.get("fused")
 
 
 def test_latent_rungs_time_the_vae_and_say_which_one():
@@ -68,36 +100,59 @@ def test_latent_rungs_time_the_vae_and_say_which_one():
 
 def test_sampling_throughput_with_guidance_and_decoder():
     s = bench.measure_sampling(LATENT)
-    assert s["images_per_s"] > 0 and s["cfg_scale"] == 4.0 and s["decode_s"] > 0
-    assert s["vae"].startswith("random-init")
+    assert s["cfg_scale"] == 4.0 and s["decode_s"] > 0 and s["vae"].startswith("random-init")
+    assert s["images_per_s"] == pytest.approx(s["batch"] / (s["loop_s"] + s["decode_s"]))
+    with torch.device("meta"):
+        macs = forward_macs(DiT(**LATENT.shape))
+    assert s["model_tflop_per_image"] == pytest.approx(2 * macs * 2 * s["steps"] / 1e12)  # guided: 2 passes a step
     p = bench.measure_sampling(PIXEL)
     assert p["decode_s"] == 0 and p["vae"] is None
+    assert p["images_per_s"] == pytest.approx(p["batch"] / p["loop_s"])
 
 
 def test_isolated_rung_runs_in_a_fresh_process():
-    row = bench.measure_rung_isolated(resolve_spec(PIXEL), "sdpa", timeout=300)
+    row = bench.measure_rung_isolated(resolve_spec(PIXEL), bench.RUNGS["sdpa"], timeout=300)
     assert row["status"] == "ok", row
     assert row["peak_kind"] == "peak RSS of the process" and row["peak_bytes"] > row["rss_setup_bytes"] // 2
 
 
+def test_timing_takes_the_median_after_a_warm_up():
+    calls, clock = [], iter([0.0, 0.003, 1.0, 1.001, 2.0, 2.010])  # three timed calls: 3, 1 and 10 ms
+    assert timings.timed(lambda: calls.append(1), torch.device("cpu"), repeats=3, clock=lambda: next(clock)) == \
+        pytest.approx(0.003)
+    assert len(calls) == 4  # one warm-up call first
+
+
 def test_optimizer_timings():
     rows = {r["what"]: r for r in bench.measure_optimizers(resolve_spec(PIXEL), repeats=1)}
-    fused = rows["AdamW fused"]
-    assert fused["ms"] > 0
     trainable = memory.param_counts(bench.model_shape(PIXEL))["trainable"]
-    assert fused["state_bytes"] >= 8 * trainable  # two fp32 moments (+ step counters)
+    assert rows["AdamW fused"]["state_bytes"] >= 8 * trainable  # two fp32 moments (+ step counters)
+    assert rows["AdamW per-parameter"]["state_bytes"] == rows["AdamW fused"]["state_bytes"]
     assert "AdamW 8-bit (bitsandbytes)" in rows and "EMA update on cpu" in rows
+    staged = rows["EMA via staging buffers (CPU: code path)"]  # the CPU-EMA path runs; its GPU cost needs a GPU
+    assert staged["ms"] > 0 and not staged["pinned"]
+    assert rows["  the same with ema_every 4, per step"]["ms"] == pytest.approx(staged["ms"] / 4)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        assert rows["AdamW 8-bit (bitsandbytes)"]["status"].startswith("unavailable")
+    else:  # 8-bit moments: about a quarter of AdamW's state (small tensors keep fp32 moments)
+        assert rows["AdamW 8-bit (bitsandbytes)"]["state_bytes"] < 0.5 * rows["AdamW fused"]["state_bytes"]
 
 
 def test_run_benchmark_table_and_json(tmp_path):
     result = bench.run_benchmark(PIXEL, ["official", "baseline", "sdpa"], isolate=False, sampling=True)
     table = bench.format_table(result)
-    assert "official-style plain step" in table and "x official" in table and "sampling: ddim 2 steps" in table
+    assert "official train.py step (fp32+TF32, sdpa)" in table and "x official" in table and "sampling: ddim 2 steps" in table
     path = bench.save_result(result, tmp_path / "r.json")
     data = json.loads(path.read_text())
     assert [r["rung"] for r in data["rows"]] == ["official", "baseline", "sdpa"]
-    assert data["model"]["train_gflop_per_image"] > 0 and data["environment"]["device"] == "cpu"
-    assert all("achieved_tflops" in r for r in data["rows"])
+    with torch.device("meta"):
+        macs = forward_macs(DiT(**PIXEL.shape))
+    assert data["model"]["train_gflop_per_image"] == pytest.approx(6 * macs / 1e9)
+    assert data["environment"]["device"] == "cpu"
+    for row in data["rows"]:
+        assert row["achieved_tflops"] == pytest.approx(row["images_per_s"] * data["model"]["train_gflop_per_image"] / 1e3)
     checks = data["activation_check"]  # the planner against the bytes autograd saved, for this model
     assert [(c["precision"], c["attention"], c["checkpointed"]) for c in checks] == [
         ("fp32", "math", 0), ("bf16", "sdpa", 0), ("bf16", "sdpa", 2)]
@@ -116,12 +171,14 @@ def test_repeats_pool_the_steps_in_alternating_order():
 
 def test_default_ladders():
     assert bench.default_rungs("cuda", pixel=False) == [
-        "official", "baseline", "ckpt", "amp", "latents", "sdpa", "tf32", "compile", "all", "all-no-ckpt"]
+        "official", "official-fp32", "baseline", "ckpt", "amp", "latents", "sdpa", "tf32", "compile", "all", "all-no-ckpt"]
     cpu = bench.default_rungs("cpu", pixel=True, compile=False)
     assert "tf32" not in cpu and "latents" not in cpu and "compile" not in cpu and "all" not in cpu
+    assert cpu[0] == "official" and "official-fp32" not in cpu  # no TF32 on a CPU: one reference
     assert cpu[-2:] == ["all-eager", "all-no-ckpt-eager"] and not bench.RUNGS["all-eager"].compile
     assert bench.device_peak_tflops("NVIDIA H100 80GB HBM3") == 989
-    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165
+    assert bench.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165.2
+    assert bench.device_peak_tflops("NVIDIA H100 PCIe") == 756
     assert bench.device_peak_tflops("Tesla T4") is None
 
 
@@ -136,6 +193,9 @@ def test_dit_bench_command(tmp_path, capsys):
     assert "digits" in text and "+ mixed precision" in text
     data = json.loads(out.read_text())
     assert data["spec"]["pixel"] and data["rows"][1]["precision"] == "bf16"
+    # the digits profile's model, as the trainer builds it
+    assert data["spec"]["shape"] == dict(depth=4, hidden_size=128, num_heads=4, patch_size=2, input_size=8,
+                                         in_channels=1, num_classes=10, class_dropout_prob=0.1, learn_sigma=True)
 
 
 def test_bad_input_is_a_clear_error(capsys):

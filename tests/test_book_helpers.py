@@ -1,18 +1,19 @@
-"""dit_core.book: the notebook helpers (source display, smoke mode, threads, output stripping)."""
+"""dit_core.book: the notebook helpers (source display, smoke mode, output stripping)."""
 
 import inspect
 
 import pytest
 
 from dit_core import book
+from dit_core.book import notebooks
 
 
 def test_source_of_dotted_name_matches_the_file():
     src = book.source_of("dit_core.book.smoke_mode")
     assert src.name == "dit_core.book.smoke_mode"
-    assert src.path == "dit_core/book.py"
+    assert src.path == "dit_core/book/notebooks.py"
     assert src.text.startswith("def smoke_mode(")
-    file_lines = inspect.getsource(book).splitlines()
+    file_lines = inspect.getsource(notebooks).splitlines()
     # first_line/last_line point at the real lines of the file
     assert file_lines[src.first_line - 1].startswith("def smoke_mode(")
     assert file_lines[src.last_line - 1].strip() == src.text.rstrip().splitlines()[-1].strip()
@@ -21,7 +22,7 @@ def test_source_of_dotted_name_matches_the_file():
 def test_source_of_method_instance_and_property():
     method = book.source_of(book.SourceView._repr_html_)
     assert method.text.startswith("def _repr_html_(self)")  # dedented
-    assert method.name == "dit_core.book.SourceView._repr_html_"
+    assert method.name == "dit_core.book.source.SourceView._repr_html_"
     inst = book.source_of(book.SourceView(method))
     assert inst.text.startswith("class SourceView")
     prop = book.source_of(book.Source.last_line)
@@ -29,9 +30,11 @@ def test_source_of_method_instance_and_property():
 
 
 def test_show_source_outside_ipython_returns_plain_text():
-    text = book.show_source(book.available_cpus)
-    assert text.splitlines()[0].startswith("# dit_core.book.available_cpus  (dit_core/book.py, lines ")
-    assert "def available_cpus() -> int:" in text
+    text = book.show_source(book.smoke_mode)
+    assert text.splitlines()[0].startswith("# dit_core.book.notebooks.smoke_mode  (dit_core/book/notebooks.py, lines ")
+    assert "def smoke_mode(default: bool = False) -> bool:" in text
+    # a name the book re-exports is shown where it lives
+    assert book.show_source(book.set_threads).startswith("# dit_core.runtime.set_threads  (dit_core/runtime.py")
 
 
 def test_html_view_is_highlighted_and_escaped():
@@ -64,24 +67,6 @@ def test_smoke_mode_reads_environment(monkeypatch):
         book.smoke_mode()
 
 
-def test_set_threads_respects_argument_and_env(monkeypatch):
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    try:
-        assert book.set_threads(1) == 1
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        assert book.set_threads() == 2
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        assert book.set_threads() == book.available_cpus() >= 1
-        monkeypatch.setenv("OMP_NUM_THREADS", "two")
-        with pytest.raises(ValueError, match="not an integer"):
-            book.set_threads()
-        with pytest.raises(ValueError, match="n >= 1"):
-            book.set_threads(0)
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_strip_outputs_clears_outputs_and_widget_state(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.v4.new_notebook()
@@ -97,4 +82,4 @@ def test_strip_outputs_clears_outputs_and_widget_state(tmp_path):
     assert clean.cells[0].outputs == [] and clean.cells[0].execution_count is None
     assert "widgets" not in clean.metadata
     assert book.strip_outputs(path) is False  # idempotent
-    assert book._main(["strip-outputs", str(path)]) == 0
+    assert notebooks.main(["strip-outputs", str(path)]) == 0

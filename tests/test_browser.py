@@ -14,7 +14,9 @@ used), opens every page listed in ``_toc.yml`` from ``_build/html``, served by a
 * every saved widget view (``application/vnd.jupyter.widget-view+json``) was rendered by the vendored
   ipywidgets HTML manager, without error;
 * the console shows no error and the page throws no exception, except the entries of
-  :data:`CONSOLE_ALLOW` (each with the reason it is harmless).
+  :data:`CONSOLE_ALLOW` (each with the reason it is harmless);
+* on a chapter page, the "Running this chapter" box is there, and every exercise's solution (a dropdown admonition,
+  sphinx-togglebutton) starts hidden and opens when its title is clicked.
 
 A full-page screenshot of each page goes to ``_build/screenshots/<page>.png`` (a CI artifact).
 
@@ -246,6 +248,38 @@ WIDGETS_JS = """() => {
 }"""
 
 
+def is_chapter(page_path: str) -> bool:
+    """A page built from a notebook (a chapter or the appendix): those have a box and exercises."""
+    return (REPO_ROOT / Path(page_path).with_suffix(".ipynb")).is_file()
+
+
+def check_solution_toggles(page) -> dict:
+    """Every dropdown admonition (an exercise's solution) starts with its content hidden and shows it when its title
+    is clicked (sphinx-togglebutton). Returns the count and what went wrong."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    dropdowns = page.locator("div.admonition.dropdown")
+    problems = []
+    for i in range(dropdowns.count()):
+        item = dropdowns.nth(i)
+        title = item.locator(":scope > .admonition-title")
+        body = item.locator(":scope > :not(.admonition-title)").first
+        name = f"dropdown {i + 1} ({title.inner_text().strip()[:30]!r})"
+        if item.locator(".toggle-button").count() != 1:
+            problems.append(f"{name}: no toggle button (sphinx-togglebutton did not run)")
+            continue
+        if body.is_visible():
+            problems.append(f"{name}: its content is visible before it is opened")
+            continue
+        item.scroll_into_view_if_needed()
+        title.click()
+        try:
+            body.wait_for(state="visible", timeout=5_000)
+        except PlaywrightTimeout:
+            problems.append(f"{name}: clicking its title did not show its content")
+    return {"count": dropdowns.count(), "problems": problems}
+
+
 def test_every_toc_page_was_built():
     if not HTML_DIR.is_dir():
         _missing(f"no built book at {HTML_DIR}: run `make book` or `make book-smoke` first")
@@ -281,6 +315,8 @@ def test_page_renders_offline(page_path, server, browser):
         page.wait_for_load_state("networkidle", timeout=PAGE_TIMEOUT_MS)
         SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT_DIR / (Path(page_path).stem + ".png")), full_page=True)
+        boxes = page.locator(".dit-running-box").count()
+        toggles = check_solution_toggles(page)
     finally:
         context.close()
 
@@ -304,4 +340,11 @@ def test_page_renders_offline(page_path, server, browser):
                         f"{widgets['errors']} errors")
     if log.errors:
         problems.append(f"console errors / exceptions: {log.errors[:5]}")
+    if is_chapter(page_path):
+        if boxes != 1:
+            problems.append(f"{boxes} 'Running this chapter' boxes (expected one, after the title)")
+        if toggles["count"] < 3:
+            problems.append(f"{toggles['count']} solution toggles (every chapter has at least three exercises)")
+    if toggles["problems"]:
+        problems.append(f"solution toggles: {toggles['problems'][:3]}")
     assert not problems, f"{page_path}:\n  " + "\n  ".join(problems)

@@ -13,7 +13,8 @@ import torch
 from dit_core import load_dit
 from dit_core.checkpoint import CheckpointError, atomic_save, infer_config
 
-from official_layout import official_shapes, published_layout, random_state_dict
+from official_layout import REFERENCE, official_shapes, published_layout, random_state_dict
+from shared_reference import skip_reason
 from reference_dit import reference_forward
 
 SMALL = dict(hidden=64, depth=2, patch=2, in_channels=4, grid=4, num_classes=10)
@@ -114,7 +115,7 @@ def test_wrapper_prefixes_and_safetensors(tmp_path):
 def test_infer_config_of_the_released_checkpoints(entry, size):
     layout = published_layout()
     if layout is None:
-        pytest.skip("shared/reference is not beside this checkout")
+        pytest.skip(skip_reason(REFERENCE))
     keys = layout[entry]["keys_outside_blocks_and_block_0"]
     state = {k: torch.empty(v, device="meta") for k, v in keys.items() if not k.startswith("blocks.0.")}
     for i in range(28):

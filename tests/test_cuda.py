@@ -18,7 +18,7 @@ import torch
 
 from dit_core import DiT
 from dit_core.diffusion import create_diffusion
-from dit_core.memory import ModelShape, activation_bytes, measure_saved_per_sample
+from dit_core.measure.memory import ModelShape, activation_bytes, measure_saved_per_sample
 from dit_core.sample import generate
 
 from reference_dit import reference_forward
@@ -159,3 +159,84 @@ def test_trainer_on_the_gpu_learns_and_resumes_after_sigkill(tmp_path):
     print(f"killed at step {at_kill}, resumed: largest weight difference to the unbroken run {worst:.2e}")
     # cuBLAS/cuDNN may pick other kernels in a new process, so allow float rounding, not a different run
     assert worst < 1e-3
+
+
+# ----------------------------------------------------------------------------------------------------------
+# No host-device synchronisation on the hot path; the EMA on the CPU
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _cuda_step(ema_device=None, ema_every=1, seed=0):
+    """A tiny DiT's training step on the GPU as the trainer builds it: bf16, fused AdamW, the NaN guard."""
+    from dit_core.train.ema import create_ema
+    from dit_core.train.step import StepOptions, TrainStep
+
+    torch.manual_seed(seed)
+    model = randomize(tiny(hidden_size=128, depth=2, num_heads=2)).to(CUDA).eval()
+    ema = create_ema(model, device=ema_device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
+    options = StepOptions(precision="bf16", grad_clip=1.0, ema_decay=0.9, ema_every=ema_every)
+    step = TrainStep(model, create_diffusion(""), opt, ema, options, batch_size=8, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    n, c, s = 8, model.in_channels, model.input_size
+    batches = [((torch.rand(n, c, s, s, generator=g) * 2 - 1).pin_memory(), torch.randint(0, model.num_classes, (n,),
+               generator=g).pin_memory()) for _ in range(4)]
+    return step, batches
+
+
+def test_a_training_step_makes_no_host_device_synchronisation():
+    """Under torch.cuda.set_sync_debug_mode("error") any operation that makes the CPU wait for the GPU raises:
+    the trainer's step (draws, forward, hybrid loss, backward, clipping, the guard's verdict, fused AdamW with
+    found_inf, the masked EMA update) must run without one. The guard is then read, which does synchronise."""
+    step, batches = _cuda_step()
+    step(0, iter(batches[:1]))  # first use: cuBLAS handles, the schedule tables on the GPU, AdamW's state
+    torch.cuda.synchronize()
+    bad = (torch.full_like(batches[1][0], float("nan")), batches[1][1])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i, batch in enumerate([batches[1], bad, batches[2]], start=1):
+            step(i, iter([batch]))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    messages = step.guard.read()  # the one synchronisation, when the loop logs
+    assert step.guard.skipped == 1 and messages and messages[0].startswith("step 3: skipped (loss is nan")
+    assert step.ema_updates == 3
+
+
+def test_a_sampling_step_makes_no_host_device_synchronisation():
+    """One DDIM and one DDPM step of a respaced diffusion with the model on the GPU, after a first call has put
+    the schedule and the step map on the device."""
+    model = randomize(tiny(hidden_size=128, depth=2, num_heads=2)).to(CUDA).eval()
+    diffusion = create_diffusion("25")
+    x = torch.randn(4, model.in_channels, model.input_size, model.input_size, device=CUDA)
+    t = torch.full((4,), 10, dtype=torch.long, device=CUDA)
+    y = torch.arange(4, device=CUDA) % model.num_classes
+    with torch.no_grad():
+        diffusion.ddim_sample(model, x, t, model_kwargs=dict(y=y))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            x1 = diffusion.ddim_sample(model, x, t, model_kwargs=dict(y=y))["sample"]
+            x2 = diffusion.p_sample(model, x1, t - 1, model_kwargs=dict(y=y))["sample"]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(x2).all()
+
+
+@pytest.mark.parametrize("ema_every", [1, 3])
+def test_an_ema_on_the_cpu_follows_the_one_on_the_gpu(ema_every):
+    """The trainer's step with its EMA on the CPU (pinned staging copies, an event, then the lerp on the CPU),
+    and beside it an EMA on the GPU that follows the same weights: after 12 steps, the same averaged weights
+    within the fp32 arithmetic of two processors."""
+    from dit_core.train.ema import EmaUpdater, create_ema
+
+    step, batches = _cuda_step(ema_device="cpu", ema_every=ema_every)
+    assert step.ema_update.staging is not None and step.ema_update.staging.pinned
+    on_gpu = create_ema(step.model)
+    gpu_updater = EmaUpdater(on_gpu, step.model, 0.9, every=ema_every)
+    for i in range(12):
+        step(i, iter([batches[i % 4]]))
+        gpu_updater(i)
+    assert next(step.ema.parameters()).device.type == "cpu" and step.ema_updates == 12 // ema_every
+    for (name, cpu), gpu in zip(step.ema.state_dict().items(), on_gpu.state_dict().values()):
+        torch.testing.assert_close(cpu, gpu.cpu(), rtol=1e-5, atol=1e-6, msg=name)

@@ -3,7 +3,7 @@
 import torch
 
 from dit_core import create_diffusion
-from dit_core.diffusion.toy import ExactDenoiser
+from dit_core.book.toy import ExactDenoiser
 
 
 def test_single_point_is_recovered_exactly():
@@ -32,11 +32,17 @@ def test_conditional_sampling_returns_points_of_the_class():
     assert torch.cdist(out.flatten(1), points.flatten(1)).min(dim=1).values.max() < 0.05
 
 
-def test_learned_sigma_output_has_2c_channels():
-    base = create_diffusion("")
-    model = ExactDenoiser(torch.zeros(2, 3, 4, 4), base.alphas_cumprod, learn_sigma=True)
-    x = torch.randn(2, 3, 4, 4)
-    out = model(x, torch.tensor([3, 4]))
-    assert out.shape == (2, 6, 4, 4) and torch.count_nonzero(out[:, 3:]) == 0
-    losses = base.training_losses(model, torch.zeros(2, 3, 4, 4), torch.tensor([3, 900]))
-    torch.testing.assert_close(losses["mse"], torch.zeros(2), atol=1e-8, rtol=0)
+def test_learned_sigma_channels_choose_the_geometric_mean_variance():
+    """The denoiser's zero variance channels mean v = 0.5 in Improved DDPM's eq. 15: log Sigma halfway between
+    log beta_t and log beta_tilde_t, which is what a respaced learned-sigma sampler then uses."""
+    point = torch.randn(1, 3, 4, 4)
+    for respacing in ("", "50"):
+        diffusion = create_diffusion(respacing)
+        model = ExactDenoiser(point, create_diffusion("").alphas_cumprod, learn_sigma=True)
+        t = torch.tensor([3, diffusion.num_timesteps // 2, diffusion.num_timesteps - 1])
+        out = diffusion.p_mean_variance(model, torch.randn(3, 3, 4, 4), t, clip_denoised=False)
+        betas, tilde = torch.tensor(diffusion.betas), torch.tensor(diffusion.posterior_log_variance_clipped)
+        expected = (0.5 * (betas.log() + tilde))[t].float()
+        torch.testing.assert_close(out["log_variance"], expected[:, None, None, None].expand(3, 3, 4, 4))
+        # and its x_0 prediction is the one point, exactly enough to recover it
+        torch.testing.assert_close(out["pred_xstart"], point.expand(3, -1, -1, -1), atol=1e-4, rtol=1e-4)

@@ -1,4 +1,4 @@
-"""dit_core.env: the environment report and the profile it recommends."""
+"""dit_core.measure.env: the environment report and the profile it recommends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dit_core.cli.env import main as dit_env
-from dit_core.env import cpu_info, environment_report, format_report, recommend_profile
+from dit_core import runtime
+from dit_core.measure.env import cpu_info, environment_report, format_report, recommend_profile
 
 
 def _gpu_report(memory_gib: float, capability: str) -> dict:
@@ -54,16 +55,11 @@ def test_report_on_this_machine():
     assert f"profile           {report['profile']}" in text
 
 
-def test_cpu_bf16_flags_match_proc_cpuinfo():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        pytest.skip("no /proc/cpuinfo here")
+def test_cpu_info_reports_what_runtime_reads():
     info = cpu_info()
-    assert info["amx_bf16"] == ("amx_bf16" in flags)
-    assert info["avx512_bf16"] == ("avx512_bf16" in flags)
-    assert info["bf16_fast"] == (info["amx_bf16"] or info["avx512_bf16"])
+    model, flags = runtime.cpu_flags()
+    assert info["model"] == model and info["bf16_units"] == runtime.cpu_bf16_units(flags)
+    assert info["bf16_fast"] == runtime.cpu_has_fast_bf16() and info["usable_cores"] == runtime.usable_cores()
 
 
 def test_format_report_for_a_gpu_machine():
@@ -80,8 +76,87 @@ def test_format_report_for_a_gpu_machine():
 
 
 def test_dit_env_cli(capsys):
+    from dit_core.train.config import profiles
+
     assert dit_env(["--json", "--no-probe"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["profile"] == recommend_profile(report)
+    assert report["torch"] == torch.__version__ and report["attention"] == {}  # --no-probe runs no kernel
+    assert report["cpu"]["usable_cores"] == runtime.usable_cores()
+    if torch.cuda.is_available():
+        assert report["profile"] in profiles() and report["profile"] != "digits"
+    else:
+        assert report["profile"] == "digits" and report["gpus"] == []
     assert dit_env([]) == 0
-    assert "profile" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"profile           {report['profile']}" in text
+    assert "attention         " in text and "math: yes" in text  # without --no-probe the kernels are run
+
+
+# --------------------------------------------------------------------------------- the track, on faked GPUs
+def _fake_gpu(monkeypatch, name: str, capability: tuple[int, int], memory_gib: float):
+    """Make torch report one CUDA GPU of this kind (nothing runs on it: the report is built with probe off)."""
+    import types
+
+    major, minor = capability
+    props = types.SimpleNamespace(name=name, major=major, minor=minor, total_memory=int(memory_gib * 2**30),
+                                  multi_processor_count=40)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
+    # as torch answers: pre-Ampere cards "support" bf16 through emulation unless emulation is excluded
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: major >= 8 or including_emulation)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
+
+
+@pytest.mark.parametrize("name, capability, memory, track_profile, precision, long_run", [
+    ("Tesla T4", (7, 5), 14.6, "imagenette-b2-fp16", "fp16", "rtx3060-12gb"),
+    ("Tesla V100-SXM2-32GB", (7, 0), 31.7, "imagenette-b2-fp16", "fp16", "a100-40gb"),
+    ("NVIDIA GeForce RTX 4090", (8, 9), 23.6, "imagenette-b2", "bf16", "rtx3090-24gb"),
+    ("NVIDIA H100 80GB HBM3", (9, 0), 79.1, "imagenette-b2", "bf16", "h100-80gb"),
+])
+def test_track_and_precision_follow_the_gpus_capability(monkeypatch, name, capability, memory, track_profile,
+                                                        precision, long_run):
+    from dit_core.train import make_config
+
+    _fake_gpu(monkeypatch, name, capability, memory)
+    assert torch.cuda.is_bf16_supported()  # what torch says, emulation included, on every card here
+    report = environment_report(probe_attention=False)
+    track = report["track"]
+    assert (track["track"], track["profile"], track["precision"], track["long_run"]) == (
+        "gpu", track_profile, precision, long_run)
+    assert report["bf16_supported"] == (precision == "bf16")
+    cuda = torch.device("cuda", 0)
+    assert runtime.resolve_precision("auto", cuda) == precision  # bf16 never where it is emulated
+    cfg = make_config(track["profile"])
+    assert cfg.mixed_precision == precision and cfg.model == "DiT-B/2"
+    long_cfg = make_config(track["long_run"], track["long_run_overrides"])
+    assert long_cfg.mixed_precision == precision  # the XL/2 profile switched to fp16 where bf16 is emulated
+    text = format_report(report)
+    assert f"track             gpu: chapters use {track_profile} ({precision})" in text
+    if precision == "fp16":
+        assert "--mixed-precision fp16" in text and "no bf16 on this GPU" in text
+        with pytest.raises(ValueError, match="no bf16 support"):
+            runtime.resolve_precision("bf16", cuda)
+
+
+def test_the_fp16_profile_trains_with_a_gradient_scaler(tmp_path):
+    from dit_core.train import make_config, train
+
+    class Latents(torch.utils.data.Dataset):  # 16 random 4x4x4 latents under ImageNet labels
+        num_classes, sample_shape, flip = 1000, (4, 4, 4), False
+
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            return torch.randn(4, 4, 4, generator=torch.Generator().manual_seed(i)), [0, 217, 701][i % 3]
+
+    cfg = make_config("imagenette-b2-fp16", dict(
+        depth=1, hidden_size=32, num_heads=2, batch_size=4, grad_accum=2, max_steps=2, num_workers=0, device="cpu",
+        tensorboard=False, progress=False, sample_at_end=False, out=str(tmp_path / "run")))
+    summary = train(cfg, dataset=Latents())
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert summary["precision"] == "fp16" and ckpt["scaler"]["scale"] > 0  # fp16 runs with its loss scaler

@@ -4,7 +4,9 @@
 * notebooks are committed without outputs (fix: ``python -m dit_core.book strip-outputs book/*.ipynb``),
 * notebooks name the ``python3`` kernel that papermill and jupyter-book start,
 * ``_toc.yml`` lists every page in book/ in chapter order, and every file it lists exists,
-* every citation in the book has an entry in book/references.bib.
+* every citation in the book has an entry in book/references.bib,
+* every chapter starts with its "Running this chapter" box and ends with What to remember, Exercises (with
+  hidden solutions) and Next.
 """
 
 from __future__ import annotations
@@ -133,3 +135,111 @@ def test_every_citation_has_a_bibliography_entry():
     assert bibliographies == ["intro.md"], (
         f"exactly one {{bibliography}} directive, in book/intro.md, is expected; found in {bibliographies}"
     )
+
+
+# ------------------------------------------------------------------------------------------------ chapter shape
+#: Every chapter of _toc.yml (a notebook) starts and ends the same way (issue 13, section 3):
+#: * its title alone in the first cell, then the "Running this chapter" box: a code cell tagged ``remove-input`` that
+#:   calls ``chapter_box("<its own stem>")`` (``python -m dit_core.book add-box book/NN.ipynb`` inserts it);
+#: * near the end "## What to remember" with 3 to 6 points, then "## Exercises": at least three, each
+#:   ``**Exercise N ...**`` followed by its solution in a dropdown admonition (hidden behind a toggle in the HTML),
+#:   at least one marked "(predict, then measure)": it changes code or a parameter and predicts a measured outcome;
+#: * and last "## Next".
+EXERCISE = re.compile(r"^\*\*Exercise (\d+)(?: \(([^)]*)\))?\.\*\*", re.M)
+SOLUTION = re.compile(r"^(`{3,}|:{3,})\{admonition\} Solution\n:class: dropdown\n", re.M)
+
+
+def _toc_chapters() -> list[Path]:
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    entries = [_strip_suffix(e) for e in _toc_files(toc)]
+    return [REPO_ROOT / f"{e}.ipynb" for e in entries if (REPO_ROOT / f"{e}.ipynb").is_file()]
+
+
+CHAPTERS = _toc_chapters()
+
+
+def _heading_cells(nb, heading: str) -> list[int]:
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+            and re.search(rf"^{re.escape(heading)}\s*$", c.source, re.M)]
+
+
+def _section(source: str, heading: str) -> str:
+    """The text under ``heading`` in a cell, up to the next heading of any level."""
+    after = source.split(heading, 1)[1]
+    return re.split(r"^#{1,6} ", after, maxsplit=1, flags=re.M)[0]
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_chapter_starts_with_its_running_box(notebook):
+    from dit_core.book.timings import BOX_TAGS, box_stem
+
+    nb = _read(notebook)
+    fix = f"run `python -m dit_core.book add-box book/{notebook.name}`"
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# ") and "\n" not in first.source.strip(), (
+        f"{notebook.name}: the first cell must hold the chapter's title alone (# ...); {fix}")
+    box = nb.cells[1]
+    assert box.cell_type == "code" and box_stem(box.source) is not None, (
+        f"{notebook.name}: the cell after the title must be the 'Running this chapter' box; {fix}")
+    assert box_stem(box.source) == notebook.stem, (
+        f"{notebook.name}: its box shows chapter {box_stem(box.source)!r}; call chapter_box({notebook.stem!r})")
+    assert set(BOX_TAGS) <= set(box.metadata.get("tags", [])), (
+        f"{notebook.name}: tag the box cell {BOX_TAGS} so that the HTML shows the box, not its code")
+    boxes = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and box_stem(c.source)]
+    assert boxes == [1], f"{notebook.name}: exactly one box cell, right after the title (found at cells {boxes})"
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_chapter_ends_with_remember_exercises_and_next(notebook):
+    nb = _read(notebook)
+    remember, exercises, nxt = (_heading_cells(nb, h) for h in ("## What to remember", "## Exercises", "## Next"))
+    assert len(remember) == 1, f"{notebook.name}: needs one '## What to remember' section (found {len(remember)})"
+    assert len(exercises) == 1, f"{notebook.name}: needs one '## Exercises' cell (found {len(exercises)})"
+    assert nxt == [len(nb.cells) - 1], f"{notebook.name}: the last cell must be '## Next' (where to go from here)"
+    assert remember[0] < exercises[0] < nxt[0], (
+        f"{notebook.name}: the ending reads 'What to remember', 'Exercises', 'Next', in that order")
+
+    points = re.findall(r"^[*-] ", _section(nb.cells[remember[0]].source, "## What to remember"), re.M)
+    assert 3 <= len(points) <= 6, f"{notebook.name}: 'What to remember' has {len(points)} points; keep 3 to 6"
+
+    text = nb.cells[exercises[0]].source
+    found = EXERCISE.findall(text)
+    numbers = [int(n) for n, _ in found]
+    assert len(found) >= 3, f"{notebook.name}: {len(found)} exercises; at least three (**Exercise N.** ...)"
+    assert numbers == list(range(1, len(found) + 1)), f"{notebook.name}: exercises numbered {numbers}"
+    assert any("predict, then measure" in kind for _, kind in found), (
+        f"{notebook.name}: at least one exercise must change code or a parameter and predict a measured outcome; "
+        "mark it '**Exercise N (predict, then measure).**'")
+    # each exercise is followed by its own solution, before the next exercise
+    pieces = EXERCISE.split(text)[1:]
+    bodies = pieces[2::3]
+    unsolved = [n for n, body in zip(numbers, bodies) if len(SOLUTION.findall(body)) != 1]
+    assert not unsolved, (
+        f"{notebook.name}: exercises {unsolved} need one solution each, hidden in the HTML: a fenced "
+        "'{admonition} Solution' directive with ':class: dropdown' right after the exercise")
+    for body in bodies:
+        fence = SOLUTION.search(body).group(1)
+        assert re.search(rf"^{re.escape(fence)}\s*$", body[SOLUTION.search(body).end():], re.M), (
+            f"{notebook.name}: a solution's {fence} fence is not closed")
+
+
+def test_the_shape_check_catches_a_chapter_without_an_ending(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 99. Example"),
+                nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_markdown_cell("## What to remember\n\n* one\n* two\n"),
+                nbformat.v4.new_markdown_cell("## Exercises\n\n**Exercise 1.** Why?\n\n**Exercise 2.** How?\n")]
+    path = tmp_path / "99_example.ipynb"
+    nbformat.write(nb, path)
+    with pytest.raises(AssertionError, match="the cell after the title must be the 'Running this chapter' box"):
+        test_chapter_starts_with_its_running_box(path)
+    with pytest.raises(AssertionError, match="the last cell must be '## Next'"):
+        test_chapter_ends_with_remember_exercises_and_next(path)
+    nb.cells.append(nbformat.v4.new_markdown_cell("## Next\n\nChapter 100."))
+    nbformat.write(nb, path)
+    with pytest.raises(AssertionError, match="has 2 points"):
+        test_chapter_ends_with_remember_exercises_and_next(path)
+    from dit_core.book.timings import add_box
+
+    assert add_box(path) and not add_box(path)
+    test_chapter_starts_with_its_running_box(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -17,8 +18,10 @@ INTRO = REPO_ROOT / "book" / "intro.md"
 
 
 def _chapters() -> list[str]:
+    """The notebooks of _toc.yml (chapters and appendix; pages such as the notation page are not in the map)."""
     toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
-    return [Path(c["file"]).name for c in toc.get("chapters", []) if "file" in c]
+    return [Path(c["file"]).name for c in toc.get("chapters", [])
+            if "file" in c and (REPO_ROOT / f"{c['file']}.ipynb").is_file()]
 
 
 def _table_rows(text: str, heading: str) -> list[str]:
@@ -56,3 +59,140 @@ def test_no_placeholders_and_the_generated_sections_are_there():
     assert not leftovers, f"book/intro.md: placeholders left: {sorted(set(leftovers))}"
     assert "```{bibliography}" in text, "book/intro.md must hold the bibliography"
     assert "```{nb-exec-table}" in text, "book/intro.md must show the execution times of the build"
+
+
+# ------------------------------------------------------------------------------------------------ run times
+# The chapter table's time columns and every chapter's "Running this chapter" box come from book/_timings.json,
+# which `make book` rewrites after each build (dit_core/book/timings.py).
+from dit_core.book import timings  # noqa: E402
+
+TIMINGS = REPO_ROOT / "book" / "_timings.json"
+
+
+def test_intro_time_columns_are_the_timings_file():
+    data = timings.load(TIMINGS)
+    rows = _table_rows(INTRO.read_text(), "The chapters")
+    for stem in _chapters():
+        cells = [c.strip() for c in next(r for r in rows if f"]({stem}.ipynb)" in r).strip("|").split("|")]
+        assert tuple(cells[3:]) == timings.intro_cells(stem, data), (
+            f"book/intro.md: the times of {stem} ({cells[3:]}) are not book/_timings.json's "
+            f"{timings.intro_cells(stem, data)}; run `python -m dit_core.book timings intro`")
+    total = [c.strip() for c in next(r for r in rows if "**all**" in r).strip("|").split("|")]
+    assert tuple(total[3:]) == timings.intro_total(_chapters(), data), (
+        "book/intro.md: the 'all' row is not the sum of book/_timings.json; run `python -m dit_core.book timings intro`")
+    assert timings.render_intro(INTRO.read_text(), data) == INTRO.read_text()
+
+
+def test_every_recorded_time_says_where_it_comes_from():
+    data = timings.load(TIMINGS)
+    for stem, kinds in data["chapters"].items():
+        for kind, entry in kinds.items():
+            missing = {"seconds", "date", "commit", "machine", "how"} - set(entry)
+            assert kind in ("cpu", "gpu") and not missing and entry["seconds"] > 0, (
+                f"book/_timings.json, {stem} ({kind}): incomplete entry, missing {missing}")
+    # a chapter that no `make book` has run yet (a new one) is shown as such until the next build records it
+    unmeasured = [s for s in _chapters() if timings.cpu_entry(s, data) is None]
+    assert all(timings.intro_cells(s, data)[0] == "not measured yet" for s in unmeasured)
+
+
+def test_the_box_shows_the_file():
+    from html import escape
+
+    data = timings.load(TIMINGS)
+    for stem in _chapters():
+        box = timings.ChapterBox(stem, data)
+        entry = timings.cpu_entry(stem, data)
+        html = box._repr_html_()
+        assert "Running this chapter" in html and f'data-chapter="{stem}"' in html
+        assert f"<strong>{timings.format_seconds(entry['seconds'])}</strong>" in html, stem
+        assert entry["commit"] in html and entry["date"] in html, stem
+        gpu = timings.gpu_time(stem, data)
+        assert f"<strong>{escape(gpu.text)}</strong>" in html and ("estimate" in html) == (not gpu.measured), stem
+    # a chapter the file does not know yet says so, and the next make book fills it in
+    assert "not measured yet" in repr(timings.ChapterBox("99_new_chapter", {"chapters": {}}))
+
+
+def test_formats():
+    assert [timings.format_seconds(s) for s in (4, 48.4, 59.4, 108, 720)] == ["4 s", "48 s", "59 s", "1.8 min",
+                                                                             "12.0 min"]
+    assert [timings.format_gpu(s, True) for s in (10, 60, 70, 960)] == ["< 1 min", "< 1 min", "~1 min", "~16 min"]
+    assert timings.format_gpu(95, False) == "1.6 min"
+
+
+def _fake_build(tmp_path, exec_data: dict) -> Path:
+    """A build folder whose Sphinx environment holds myst-nb's execution data, as jupyter-book writes it."""
+    import pickle
+    import types
+
+    env = types.SimpleNamespace(nb_metadata={doc: {"exec_data": d} for doc, d in exec_data.items()})
+    path = tmp_path / "_build" / ".doctrees" / "environment.pickle"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(pickle.dumps(env))
+    return tmp_path / "_build"
+
+
+def test_record_takes_the_builds_times(tmp_path):
+    now = 1_800_000_000.0
+    build = _fake_build(tmp_path, {
+        "book/05_training": {"mtime": now + 100, "runtime": 123.456, "method": "force", "succeeded": True},
+        "book/07_sampling": {"mtime": now - 5_000, "runtime": 99.0, "method": "force", "succeeded": True},  # older
+        "book/08_troubleshooting": {"mtime": now + 50, "runtime": 7.0, "method": "force", "succeeded": False},
+        "book/intro": {"mtime": now + 1},  # a page that was not executed
+    })
+    assert timings.build_times(build) == {"05_training": {"seconds": 123.5, "executed_at": now + 100},
+                                          "07_sampling": {"seconds": 99.0, "executed_at": now - 5_000}}
+    out = tmp_path / "_timings.json"
+    out.write_text(TIMINGS.read_text())
+    before = timings.load(out)
+    cpu_machine = {"cpu": "Test CPU", "cores": 2, "omp_num_threads": "1", "gpu": None}
+    recorded = timings.record(build, since=now, path=out, machine_info=cpu_machine, commit="abc1234")
+    assert recorded == {"05_training": 123.5}
+    after = timings.load(out)
+    entry = after["chapters"]["05_training"]["cpu"]
+    assert entry["seconds"] == 123.5 and entry["commit"] == "abc1234" and entry["how"] == "`make book`"
+    assert "Test CPU, 2 cores, OMP_NUM_THREADS=1, no GPU" == entry["machine"]
+    assert entry["date"] == "2027-01-15"  # the execution's own time (UTC), not today's
+    assert after["chapters"]["07_sampling"] == before["chapters"]["07_sampling"]  # not executed by this build
+    # the same build on a GPU machine records GPU times, which the box then calls measured
+    timings.record(build, since=now, path=out, machine_info={**cpu_machine, "gpu": "NVIDIA H200"}, commit="abc1234")
+    data = timings.load(out)
+    assert data["chapters"]["05_training"]["cpu"] == entry
+    gpu = timings.gpu_time("05_training", data)
+    assert gpu.measured and gpu.seconds == 123.5 and "NVIDIA H200" in gpu.source
+    with pytest.raises(FileNotFoundError, match="build the book first"):
+        timings.build_times(tmp_path / "nowhere")
+
+
+def test_gpu_time_prefers_measurements(tmp_path):
+    data = {"chapters": {"03_model": {"cpu": {"seconds": 21}}}}
+    empty = tmp_path / "results"
+    empty.mkdir()
+    est = timings.gpu_time("05_training", data, results=empty)
+    assert not est.measured and "estimate" in est.source and est.seconds > 15 * 60  # 15 minutes of training
+    assert timings.gpu_time("03_model", data, results=empty).seconds == 21  # no GPU work: at most the CPU time
+    record = {"gpu": "NVIDIA H200", "dry_run": False, "date": "2027-01-01",
+              "chapters": {"05_training": {"wall_at_defaults_s": 955.0, "error": None},
+                           "07_sampling": {"wall_at_defaults_s": 300.0, "error": "boom"}}}
+    (empty / "nvidia-h200-gpu-track.json").write_text(__import__("json").dumps(record))
+    (empty / "dry-run-cpu-gpu-track.json").write_text(__import__("json").dumps({**record, "dry_run": True}))
+    measured = timings.gpu_time("05_training", data, results=empty)
+    assert measured.measured and measured.seconds == 955.0 and "gpu_track.sh" in measured.source
+    assert not timings.gpu_time("07_sampling", data, results=empty).measured  # a failed chapter is not a measurement
+
+
+def test_render_intro_rewrites_only_the_time_columns():
+    text = INTRO.read_text()
+    data = timings.load(TIMINGS)
+    changed = {"chapters": {**data["chapters"], "04_diffusion": {"cpu": {**data["chapters"]["04_diffusion"]["cpu"],
+                                                                          "seconds": 75}}}}
+    out = timings.render_intro(text, changed)
+    diff = [(a, b) for a, b in zip(text.splitlines(), out.splitlines()) if a != b]
+    assert len(diff) == 2 and "04_diffusion.ipynb" in diff[0][1] and "| 1.2 min |" in diff[0][1]
+    assert "**all**" in diff[1][1]
+
+
+def test_readme_counts_the_pages_of_the_toc():
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    pages = 1 + len(toc.get("chapters", []))  # the root (the introduction) and every chapter entry
+    said = re.findall(r"`_build/html/index\.html`: (\d+) pages", (REPO_ROOT / "README.md").read_text())
+    assert said == [str(pages)], f"README.md: the built book has {pages} pages (_toc.yml), the README says {said}"

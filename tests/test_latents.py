@@ -1,4 +1,4 @@
-"""dit_core.latents: offline VAE loading, resumable extraction, verification, and the latent dataset.
+"""dit_core.latents and dit_core.vae: offline VAE loading, resumable extraction, verification, and the latent dataset.
 
 Every test runs offline: a tiny AutoencoderKL (4 blocks, so the real 8x downsampling, but 8-16 channels)
 is saved with save_pretrained and loaded back through the same load_vae() that takes a hub id.
@@ -17,20 +17,13 @@ from PIL import Image
 
 diffusers = pytest.importorskip("diffusers")
 
-import dit_core.latents as latents  # noqa: E402
+import dit_core.latents.extract as extraction  # noqa: E402
 from dit_core.cli.extract_latents import main as dit_extract  # noqa: E402
 from dit_core.data import ImageFolderDataset  # noqa: E402
 from dit_core.data.check import plant_bad_files  # noqa: E402
-from dit_core.latents import (  # noqa: E402
-    LatentDataset,
-    LatentFormatError,
-    VAENotFoundError,
-    encode_moments,
-    extract_latents,
-    load_vae,
-    open_dataset,
-    verify,
-)
+from dit_core import vae as dit_vae  # noqa: E402
+from dit_core.latents import LatentDataset, LatentFormatError, extract_latents, open_dataset, verify  # noqa: E402
+from dit_core.vae import VAENotFoundError, encode_moments, load_vae  # noqa: E402
 
 SIZE = 32  # pixels; latents are 4 x 4 x 4
 KW = dict(image_size=SIZE, batch_size=4, shard_size=16, num_workers=0, progress=False, precision="fp32")
@@ -85,7 +78,7 @@ def test_load_vae_from_saved_folder_matches_original(vae_dir):
     for (name, p), (_, q) in zip(vae.state_dict().items(), reference.state_dict().items()):
         assert torch.equal(p, q), name
     assert not vae.training and not any(p.requires_grad for p in vae.parameters())
-    assert latents.downsample_factor(vae) == 8 and latents.vae_scale(vae) == pytest.approx(0.18215)
+    assert dit_vae.downsample_factor(vae) == 8 and dit_vae.vae_scale(vae) == pytest.approx(0.18215)
 
 
 def test_load_vae_from_pipeline_folder_uses_vae_subfolder(vae_dir, tmp_path):
@@ -136,7 +129,7 @@ def test_interrupted_extraction_resumes_bit_for_bit(full_run, images_dir, vae_di
     assert not first["complete"] and first["done"] == 12
     # 2) crash in the middle of shard 1 (an exception from the encoder, as a kill would leave it)
     calls = {"n": 0}
-    real = latents.encode_moments
+    real = extraction.encode_moments
 
     def crashing(*args, **kwargs):
         calls["n"] += 1
@@ -144,7 +137,7 @@ def test_interrupted_extraction_resumes_bit_for_bit(full_run, images_dir, vae_di
             raise RuntimeError("power cut (simulated)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(latents, "encode_moments", crashing)
+    monkeypatch.setattr(extraction, "encode_moments", crashing)
     with pytest.raises(RuntimeError, match="power cut"):
         extract_latents(images_dir, out, vae=str(vae_dir), **KW)
     monkeypatch.undo()
@@ -169,13 +162,13 @@ def test_interrupted_extraction_resumes_bit_for_bit(full_run, images_dir, vae_di
 
 def test_crash_between_shard_rename_and_state_write_resumes(full_run, images_dir, vae_dir, tmp_path, monkeypatch):
     out = tmp_path / "renamed"
-    real = latents._finish_shard
+    real = extraction._finish_shard
 
     def finish_then_die(out_dir, shard):
         real(out_dir, shard)  # the shard is renamed into place ...
         raise KeyboardInterrupt  # ... and the process dies before state.json records it
 
-    monkeypatch.setattr(latents, "_finish_shard", finish_then_die)
+    monkeypatch.setattr(extraction, "_finish_shard", finish_then_die)
     with pytest.raises(KeyboardInterrupt):
         extract_latents(images_dir, out, vae=str(vae_dir), **KW)
     monkeypatch.undo()
@@ -287,7 +280,7 @@ def test_reduced_precision_encoding_error_is_small(vae_dir, images_dir):
     vae = load_vae(vae_dir)
     ds = ImageFolderDataset(images_dir, SIZE, flip=False)
     x = torch.stack([ds.load(i)[0] for i in range(0, 39, 3)])
-    errors = latents.compare_precisions(vae, x)
+    errors = dit_vae.compare_precisions(vae, x)
     assert errors["fp16"]["rel_rms"] < 0.01 and errors["bf16"]["rel_rms"] < 0.05
     assert errors["fp16"]["rel_rms"] < errors["bf16"]["rel_rms"]  # 10 vs 7 mantissa bits
 

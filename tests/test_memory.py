@@ -2,13 +2,14 @@
 tensor a step allocates (CPU and meta device), and its choices."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-from dit_core import memory
-from dit_core.flops import count_params, meta_model
-from dit_core.memory import ModelShape, TrainSetup, activation_bytes, estimate, plan
+from dit_core.measure import memory
+from dit_core.measure.flops import count_params, meta_model
+from dit_core.measure.memory import GIB, ModelShape, TrainSetup, activation_bytes, estimate, plan
 from dit_core.models import DiT, DiT_models
 
 TINY = dict(depth=2, hidden_size=64, num_heads=4, patch_size=2, input_size=8, in_channels=4, num_classes=10)
@@ -102,7 +103,7 @@ def test_predicted_peak_of_dit_xl2_on_the_meta_device():
 
 def test_vae_term_matches_the_tracked_encoder_peak():
     diffusers = pytest.importorskip("diffusers")
-    from dit_core.bench import SD_VAE_CONFIG
+    from dit_core.vae import SD_VAE_CONFIG
 
     with torch.device("meta"):
         vae = diffusers.AutoencoderKL(**SD_VAE_CONFIG).eval().requires_grad_(False)
@@ -150,7 +151,7 @@ def test_dit_xl2_on_12_gb_needs_the_low_memory_options():
     shape = ModelShape.from_name("DiT-XL/2", 256)
     default = plan(shape, "rtx3060")
     assert not default.fits
-    assert "--ema cpu" in str(default) and "--optimizer adamw8bit" in str(default)
+    assert "--ema-device cpu" in str(default) and "--optimizer adamw8bit" in str(default)
     rows = {r["option"]: r for r in memory.low_memory_options(shape, 12)}
     both = rows["8-bit AdamW + EMA on the CPU"]
     assert both["fits"] and both["peak_gib"] <= 12
@@ -187,11 +188,59 @@ def test_dit_plan_command(capsys):
     assert main(["--model", "DiT-XL/2", "--gpu-memory", "24"]) == 0
     out = capsys.readouterr().out
     assert "choice: micro-batch" in out and "predicted peak" in out and "activations per sample" in out
-    assert main(["--model", "DiT-XL/2", "--gpu-memory", "12", "--low-memory"]) == 1
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", "12", "--low-memory"]) == 0  # fits with the fallback
     out = capsys.readouterr().out
-    assert "does not fit" in out and "8-bit AdamW + EMA on the CPU" in out
+    assert "does not fit with adamw" in out and "8-bit AdamW + EMA on the CPU" in out and "12 GiB card" in out
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", "4"]) == 1  # nothing fits 4 GB
+    assert "does not fit" in capsys.readouterr().out
     assert main(["--model", "digits", "--gpu-memory", "12", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["fits"] and data["setup"]["checkpointed"] == 0
     assert main(["--model", "DiT-XL/2", "--gpu-memory", "plenty"]) == 2
     assert "neither a number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("card", [12, 16, 24, 40, 80])
+def test_the_command_dit_plan_prints_runs_in_dit_train(card, capsys):
+    """The last lines of dit-plan are a dit-train command: parsed as a shell would and given to dit-train's own
+    argument parser, it gives the configuration the planner chose, whose estimate fits the card."""
+    import shlex
+
+    from dit_core.cli.plan import main
+    from dit_core.cli.train import config_from_args
+    from dit_core.measure.memory import card_budget, config_setup
+
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", str(card)]) == 0
+    out = capsys.readouterr().out
+    commands = [line.strip() for line in out.splitlines() if line.strip().startswith("dit-train ")]
+    assert len(commands) == 1, out
+    argv = shlex.split(commands[0])
+    assert argv[0] == "dit-train"
+    cfg = config_from_args(argv[1:])  # what `dit-train ...` does with it
+    assert cfg.model == "DiT-XL/2" and cfg.batch_size == 256 and cfg.latents_path
+    shape, setup = config_setup(cfg)
+    assert estimate(shape, setup).peak <= card_budget(card)
+    small = card <= 16  # the default (AdamW, EMA on the GPU) does not fit: the planner falls back
+    assert cfg.ema_device == ("cpu" if small else "same")
+    assert ("does not fit with adamw" in out) == small
+    assert cfg.optimizer == ("adamw8bit" if card == 12 else "adamw")
+    # and the JSON carries the same command
+    assert main(["--model", "DiT-XL/2", "--gpu-memory", str(card), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["command"] == commands[0]
+
+
+def test_the_12_gb_profile_fits_12_gb_by_the_planners_estimate():
+    from dit_core.measure.memory import card_budget, config_setup
+    from dit_core.train import make_config
+
+    cfg = make_config("rtx3060-12gb")
+    shape, setup = config_setup(cfg)
+    assert (setup.optimizer, setup.ema, setup.precision) == ("adamw8bit", "cpu", "bf16")
+    peak, budget = estimate(shape, setup).peak, card_budget(12)
+    assert peak <= budget, f"rtx3060-12gb: predicted {peak / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB"
+    # the same micro-batch with AdamW and the EMA on the GPU would not fit: the two savings are needed
+    assert estimate(shape, replace(setup, optimizer="adamw", ema="device")).peak > budget
+    # every GPU profile fits its card by the same estimate
+    for name, card in (("rtx3090-24gb", 24), ("a100-40gb", 40), ("a100-80gb", 80), ("h100-80gb", 80)):
+        shape, setup = config_setup(make_config(name))
+        assert estimate(shape, setup).peak <= card_budget(card), name

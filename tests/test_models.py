@@ -4,17 +4,17 @@ guidance, meta device and torch.compile."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from dit_core import DiT, DiT_models
 from dit_core.attention import xformers_available
-from dit_core.flops import PAPER_GMACS_256, PAPER_PARAMS_256, count_params, forward_macs, meta_model
+from dit_core.measure.flops import PAPER_GMACS_256, PAPER_PARAMS_256, count_params, forward_macs, meta_model
 from dit_core.models import sincos_2d
 
-from official_layout import published_layout
+from official_layout import REFERENCE, published_layout
+from shared_reference import reference_file, skip_reason
 from reference_dit import reference_forward
 
 
@@ -51,7 +51,7 @@ def test_all_twelve_configs_exist():
 def test_state_dict_matches_published_layout(entry, image_size):
     layout = published_layout()
     if layout is None:
-        pytest.skip("shared/reference is not beside this checkout")
+        pytest.skip(skip_reason(REFERENCE))
     ref = layout[entry]
     model = meta_model("DiT-XL/2", image_size)
     sd = model.state_dict()
@@ -67,26 +67,37 @@ def test_state_dict_matches_published_layout(entry, image_size):
     assert outside == {k for k in ref["keys_outside_blocks_and_block_0"] if not k.startswith("blocks.")}
 
 
-def _facts_gmacs():
-    """Parse the multiply-add list of shared/reference/FACTS.md, if it is beside the checkout."""
-    facts = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "FACTS.md"
-    if not facts.exists():
-        return PAPER_GMACS_256
-    text = facts.read_text().split("Forward multiply-adds per image")[1].split("At 512")[0]
-    return {f"DiT-{s}/{p}": float(v) for s, p, v in re.findall(r"\b(S|B|L|XL)/(\d) (\d+(?:\.\d+)?)", text)}
+#: The paper's figures at 256 px, written here (not taken from the library's table, which is checked against
+#: them): forward multiply-adds per image in G (Table 4 / Fig. 2, three significant figures), and the
+#: parameters of the four /2 models with pos_embed (the released checkpoints; shared/reference/FACTS.md).
+PAPER_GMACS = {"DiT-S/8": 0.36, "DiT-S/4": 1.41, "DiT-S/2": 6.06, "DiT-B/8": 1.42, "DiT-B/4": 5.56, "DiT-B/2": 23.0,
+               "DiT-L/8": 5.01, "DiT-L/4": 19.7, "DiT-L/2": 80.7, "DiT-XL/8": 7.39, "DiT-XL/4": 29.0,
+               "DiT-XL/2": 118.6}
+PAPER_PARAMS = {"DiT-S/2": 32_963_360, "DiT-B/2": 130_512_416, "DiT-L/2": 458_102_816, "DiT-XL/2": 675_129_632}
 
 
 @pytest.mark.parametrize("name", sorted(DiT_models))
 def test_params_and_macs_match_paper(name):
     model = meta_model(name, 256)
-    if name in PAPER_PARAMS_256:
-        assert count_params(model) == PAPER_PARAMS_256[name]
-    paper = _facts_gmacs()[name]
+    if name in PAPER_PARAMS:
+        assert count_params(model) == PAPER_PARAMS[name] == PAPER_PARAMS_256[name]
+    paper = PAPER_GMACS[name]
     gmacs = forward_macs(model) / 1e9
     # published figures carry three significant figures (rounded or truncated)
     digits = 3 - len(str(int(paper))) if paper >= 1 else 2
     assert abs(gmacs - paper) <= 1.01 * 10 ** (-digits), (gmacs, paper)
-    assert PAPER_GMACS_256[name] == paper
+    assert PAPER_GMACS_256[name] == paper  # the table dit-models prints beside the counts
+
+
+def test_paper_figures_are_those_of_the_reference_facts():
+    facts = reference_file("FACTS.md")
+    if facts is None:
+        pytest.skip(skip_reason("FACTS.md"))
+    text = facts.read_text()
+    macs = text.split("Forward multiply-adds per image")[1].split("At 512")[0]
+    assert {f"DiT-{s}/{p}": float(v) for s, p, v in re.findall(r"\b(S|B|L|XL)/(\d) (\d+(?:\.\d+)?)", macs)} == PAPER_GMACS
+    params = {f"DiT-{s}/2": int(v.replace(",", "")) for s, v in re.findall(r"\| (S|B|L|XL) \|[^\n]*\| ([\d,]+) \|", text)}
+    assert params == PAPER_PARAMS
 
 
 def test_xl2_training_flops_per_image():

@@ -9,6 +9,11 @@ The convention that lets a new chapter be covered just by adding its notebook:
   (``COMMON_PARAMS``); the kernel also sees ``DIT_SMOKE=1`` (``dit_core.book.smoke_mode()``).
 * ``SMOKE_PARAMS`` below may override more knobs for one notebook (keyed by file stem); every name there
   must exist in that notebook's parameters cell, or the test fails and names it.
+* The GPU track: a notebook whose parameters cell defines ``TRACK = "auto"`` has cells that run only on the GPU
+  track (a CUDA GPU). ``test_notebook_smoke_gpu_track`` runs each of them a second time with ``TRACK = "gpu"``
+  forced on the CPU: at smoke size the notebook makes its own stand-ins for every download (a small archive in
+  Imagenette's layout, a tiny saved VAE, a tiny checkpoint in the official format, random Inception weights;
+  ``dit_core.book.track.standins``), so each GPU cell runs, line for line, before a GPU reader meets it.
 * The kernel's working directory is ``<tmp>/book``, a scratch mirror of the repository layout: relative
   paths such as ``../data/digits`` or ``outputs/`` behave as in the book build but never touch the tree.
   Chapters must not rely on another chapter having run: each creates what it needs when it is missing.
@@ -33,6 +38,9 @@ pytestmark = pytest.mark.notebook
 COMMON_PARAMS = {"SMOKE": True}
 # Extra per-notebook overrides, keyed by notebook stem, e.g. {"05_training": {"MAX_STEPS": 20}}.
 SMOKE_PARAMS: dict[str, dict] = {}
+# The GPU track forced on the CPU (see above), for every notebook that declares TRACK.
+GPU_TRACK_PARAMS = {"TRACK": "gpu"}
+GPU_TRACK_NOTEBOOKS = ["00_environment", "01_data", "02_latents", "05_training", "07_sampling"]
 # Wall-clock budget of one smoke run (kernel start included), per notebook stem; default below.
 TIME_BUDGET_S: dict[str, float] = {}
 DEFAULT_BUDGET_S = 300.0  # a guard against SMOKE settings that grew, not a speed test: ~2 min is usual on 2 cores
@@ -62,14 +70,15 @@ def smoke_parameters(notebook: Path, overrides: dict | None = None) -> dict:
     return params
 
 
-def run_notebook(notebook: Path, workdir: Path, parameters: dict, kernel_name: str) -> tuple[Path, float]:
+def run_notebook(notebook: Path, workdir: Path, parameters: dict, kernel_name: str,
+                 suffix: str = "smoke") -> tuple[Path, float]:
     """Execute ``notebook`` with ``parameters`` and cwd ``workdir/book``; return (executed copy, seconds)."""
     cwd = workdir / "book"
     cwd.mkdir(parents=True, exist_ok=True)
     keep = os.environ.get("SMOKE_OUTPUT_DIR")
     out_dir = Path(keep) if keep else workdir
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{notebook.stem}.smoke.ipynb"
+    out = out_dir / f"{notebook.stem}.{suffix}.ipynb"
     start = time.perf_counter()
     papermill.execute_notebook(
         str(notebook),
@@ -96,6 +105,21 @@ def test_notebook_smoke(notebook, tmp_path, python3_kernel):
         f"{notebook.name}: smoke run took {seconds:.0f} s, over its {budget:.0f} s budget; "
         f"make its SMOKE settings smaller (or raise TIME_BUDGET_S[{notebook.stem!r}] with a reason)"
     )
+
+
+@pytest.mark.parametrize("stem", GPU_TRACK_NOTEBOOKS)
+def test_notebook_smoke_gpu_track(stem, tmp_path, python3_kernel):
+    notebook = BOOK_DIR / f"{stem}.ipynb"
+    params = {**smoke_parameters(notebook), **GPU_TRACK_PARAMS}
+    assert "TRACK" in declared_parameters(notebook), f"{notebook.name}: its parameters cell must define TRACK"
+    _, seconds = run_notebook(notebook, tmp_path, params, python3_kernel, suffix="smoke-gpu")
+    budget = TIME_BUDGET_S.get(stem, DEFAULT_BUDGET_S)
+    assert seconds <= budget, f"{notebook.name} (GPU track): smoke run took {seconds:.0f} s, over its {budget:.0f} s"
+
+
+def test_every_notebook_with_a_gpu_track_is_run_on_it():
+    declaring = sorted(p.stem for p in NOTEBOOKS if "TRACK" in declared_parameters(p))
+    assert declaring == sorted(GPU_TRACK_NOTEBOOKS), "update GPU_TRACK_NOTEBOOKS in tests/test_notebooks.py"
 
 
 # ------------------------------------------------------------------------------------- the harness itself

@@ -17,7 +17,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dit_core.bench import RUNGS
+    from dit_core.measure.bench import RUNGS
 
     p = argparse.ArgumentParser(prog="dit-bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", "--image_size", type=int, default=256, help="image side in pixels (latent models)")
     p.add_argument("--batch-size", "--batch_size", type=int, default=4, help="micro-batch per forward/backward")
     p.add_argument("--grad-accum", "--grad_accum", "--gradient_accumulation_steps", type=int, default=1,
-                   help="micro-batches per optimizer step (not for the official-style rung)")
+                   help="micro-batches per optimizer step (not for the official rungs)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per rung (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation happens here)")
     p.add_argument("--repeats", type=int, default=1,
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VAE to time if it loads offline (hub id or folder); 'random' for a random-init one")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: OMP_NUM_THREADS or the usable cores)")
     p.add_argument("--rungs", default=None, help="comma-separated rungs (default: the whole ladder for this device)")
-    p.add_argument("--no-official", action="store_true", help="skip the official-style reference step")
+    p.add_argument("--no-official", action="store_true", help="skip the official reference steps (official, official-fp32)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rungs (compilation takes minutes on a CPU)")
     p.add_argument("--no-isolate", action="store_true", help="run every rung in this process")
     p.add_argument("--no-sampling", action="store_true", help="skip the sampling measurement")
@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.bench import BenchSpec, default_rungs, format_table, resolve_device, resolve_spec, run_benchmark, save_result
-    from dit_core.book import set_threads
+    from dit_core.measure.bench import BenchSpec, default_rungs, format_table, resolve_spec, run_benchmark, save_result
+    from dit_core.runtime import resolve_device, set_threads
 
     threads = set_threads(args.threads)
     for name in ("batch_size", "grad_accum", "steps", "sample_steps", "sample_batch"):

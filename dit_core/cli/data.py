@@ -1,14 +1,18 @@
-"""``dit-data``: check an ImageFolder dataset, or export the embedded digits.
+"""``dit-data``: check an ImageFolder dataset, export the embedded digits, or prepare Imagenette.
 
     dit-data check ROOT [--image-size 256] [--mode RGB|L] [--split train] [--quick] [--workers N] [--json]
     dit-data digits OUT [--image-size 8] [--val-fraction 0.2] [--seed 0] [--overwrite]
+    dit-data imagenette OUT [--archive imagenette2-320.tgz] [--cache DIR] [--no-download]
+
+``dit-data imagenette`` is a download by name: it fetches ``imagenette2-320.tgz`` (342 MB) into the cache
+(``$DIT_CACHE``, default ``~/.cache/dit-one-gpu``) unless ``--archive`` or the cache already has it, checks its
+size and sha256, and writes an ImageFolder whose labels are the classes' ImageNet-1k indices (``label_map.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 
@@ -32,7 +36,34 @@ def build_parser() -> argparse.ArgumentParser:
     digits.add_argument("--val-fraction", type=float, default=0.2, help="share of each class put in val/")
     digits.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
     digits.add_argument("--overwrite", action="store_true", help="replace an export made with other settings")
+    nette = sub.add_parser("imagenette", help="download (or take) Imagenette and write it as an ImageFolder with "
+                                               "ImageNet-1k labels")
+    nette.add_argument("out", help="output folder (written whole at the end; an existing complete one is kept)")
+    nette.add_argument("--archive", default=None, help="a local imagenette2-320.tgz instead of the download")
+    nette.add_argument("--cache", default=None, help="download folder (default $DIT_CACHE or ~/.cache/dit-one-gpu)")
+    nette.add_argument("--url", default=None, help="fetch the archive from this URL instead (a mirror; file:// works)")
+    nette.add_argument("--no-download", action="store_true", help="use --archive or the cache only; never download")
+    nette.add_argument("--no-checksum", action="store_true",
+                       help="accept an archive that is not the published file (one you made in the same layout)")
+    nette.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def _imagenette(args) -> int:
+    from dit_core.data.imagenette import prepare_imagenette
+    from dit_core.downloads import DownloadError
+
+    try:
+        out = prepare_imagenette(args.out, archive=args.archive, download=not args.no_download, cache=args.cache,
+                                 url=args.url, checksum=not args.no_checksum, progress=not args.no_progress)
+    except (DownloadError, FileExistsError, ValueError) as err:
+        print(f"dit-data imagenette: {err}", file=sys.stderr)
+        return 2
+    manifest = json.loads((out / "imagenette.json").read_text())
+    counts = manifest["counts"]
+    print(f"Imagenette in {out}: {counts['train']} train, {counts['val']} val images, 10 classes labelled with their "
+          f"ImageNet-1k indices out of 1000 (label_map.json)")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -42,7 +73,9 @@ def main(argv=None) -> int:
 
         workers = args.workers
         if workers is None:
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            from dit_core.runtime import usable_cores
+
+            workers = usable_cores()
         try:
             report = check_dataset(
                 args.root, image_size=args.image_size, split=args.split, mode=args.mode,
@@ -53,6 +86,9 @@ def main(argv=None) -> int:
             return 2
         print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
         return 1 if (args.strict and not report.ok) else 0
+
+    if args.command == "imagenette":
+        return _imagenette(args)
 
     from dit_core.data.digits import export_digits
 

@@ -16,7 +16,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-probe", action="store_true", help="skip running the attention kernels")
     args = parser.parse_args(argv)
 
-    from dit_core.env import environment_report, format_report
+    from dit_core.measure.env import environment_report, format_report
 
     report = environment_report(probe_attention=not args.no_probe)
     print(json.dumps(report, indent=2) if args.json else format_report(report))

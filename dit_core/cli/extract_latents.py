@@ -16,7 +16,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dit_core.latents import DEFAULT_VAE, PRECISIONS, STORAGE_DTYPES
+    from dit_core.latents import STORAGE_DTYPES
+    from dit_core.vae import DEFAULT_VAE
+    from dit_core.runtime import DTYPES
 
     p = argparse.ArgumentParser(
         prog="dit-extract-latents",
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"hub id or local folder of an AutoencoderKL (default {DEFAULT_VAE})")
     p.add_argument("--image-size", type=int, default=256, help="center-crop size in pixels (multiple of 8)")
     p.add_argument("--batch-size", type=int, default=32, help="images per batch (each is encoded plain and flipped)")
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
+    p.add_argument("--precision", choices=tuple(DTYPES), default=None,
                    help="encoder precision (default: fp16 on a GPU, fp32 on the CPU)")
     p.add_argument("--storage-dtype", choices=STORAGE_DTYPES, default="float16",
                    help="dtype of the stored moments (float16 halves the disk space)")
@@ -46,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.latents import LatentFormatError, VAENotFoundError, extract_latents, verify
+    from dit_core.atomic import DiskFullError
+    from dit_core.latents import LatentFormatError, extract_latents, verify
+    from dit_core.vae import VAENotFoundError
 
     if args.data_path is None and not args.verify:
         print("dit-extract-latents: --data-path is required (or pass --verify alone to check --out)", file=sys.stderr)
@@ -59,7 +63,7 @@ def main(argv=None) -> int:
                 num_workers=args.num_workers, shard_size=args.shard_size, resume=not args.no_resume,
                 overwrite=args.overwrite, max_batches=args.max_batches,
             )
-        except (VAENotFoundError, LatentFormatError, FileNotFoundError, ValueError) as err:
+        except (VAENotFoundError, LatentFormatError, FileNotFoundError, ValueError, DiskFullError) as err:
             print(f"dit-extract-latents: {err}", file=sys.stderr)
             return 2
         if not result["complete"]:

@@ -5,8 +5,10 @@
     dit-plan --model DiT-B/2 --gpu-memory 40 --global-batch 256 --precision fp32 --json plan.json
 
 The prediction is the sum of weights, gradients, optimizer state, EMA and activations (derived from the
-tensors each DiT block saves for backward; see ``dit_core.memory``), with a margin for the allocator and
-the CUDA context.
+tensors each DiT block saves for backward; see ``dit_core.measure.memory``), with a margin for the allocator and
+the CUDA context. When the setting asked for does not fit, the planner tries the EMA on the CPU, then 8-bit
+AdamW, then both. It ends with the ``dit-train`` command that trains the chosen setting, in the trainer's own
+keys (``--optimizer``, ``--ema-device``, ``--mixed-precision``, ...): it runs as printed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", "--mixed-precision", "--mixed_precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--attn", "--attention", default="sdpa", choices=("sdpa", "math", "xformers"))
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adamw8bit"))
-    p.add_argument("--ema", default="device", choices=("device", "cpu", "none"), help="where the EMA weights live")
+    p.add_argument("--ema", "--ema-device", "--ema_device", default="device", choices=("device", "same", "cpu", "none"),
+                   help="where the EMA weights live: device (= dit-train's same), cpu, none")
     p.add_argument("--vae-in-loop", action="store_true", help="encode images every step (no pre-extracted latents)")
     p.add_argument("--margin", type=float, default=0.10, help="fraction of the card kept free for fragmentation")
     p.add_argument("--reserved-gib", type=float, default=0.75, help="GiB for the CUDA context and workspaces")
@@ -37,18 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def shape_for(model: str, image_size: int):
-    from dit_core.memory import ModelShape
+    from dit_core.measure.memory import ModelShape
 
     if model.startswith("DiT-"):
         return ModelShape.from_name(model, image_size)
-    from dit_core.bench import profile_shape
+    from dit_core.measure.bench import profile_shape
 
     kwargs, _, _ = profile_shape(model)
     return ModelShape(name=model, **kwargs)
 
 
 def activation_lines(shape, attn: str) -> list[str]:
-    from dit_core.memory import activation_bytes
+    from dit_core.measure.memory import activation_bytes
 
     lines = [f"activations per sample ({attn} attention):   no checkpointing   every block checkpointed"]
     for precision in ("fp32", "bf16"):
@@ -60,24 +63,34 @@ def activation_lines(shape, attn: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dit_core.memory import low_memory_options, plan
+    from dit_core.measure.memory import fitting_plan, low_memory_options, train_command
 
+    ema = "device" if args.ema == "same" else args.ema
     try:
         shape = shape_for(args.model, args.image_size)
-        result = plan(shape, args.gpu_memory, args.global_batch, args.precision, args.attn, args.optimizer, args.ema,
-                      args.vae_in_loop, args.margin, args.reserved_gib)
+        result, fallback = fitting_plan(shape, args.gpu_memory, args.global_batch, args.precision, args.attn,
+                                        args.optimizer, ema, vae_in_loop=args.vae_in_loop, margin=args.margin,
+                                        reserved_gib=args.reserved_gib)
         options = low_memory_options(shape, args.gpu_memory, args.global_batch, args.precision, args.attn) \
             if args.low_memory else None
     except ValueError as err:
         print(f"dit-plan: {err}", file=sys.stderr)
         return 2
+    profile = None if args.model.startswith("DiT-") else args.model
+    command = train_command(shape, result.setup, args.image_size, profile) if result.fits else None
     if args.json:
-        out = result.as_dict()
+        out = dict(result.as_dict(), command=command, fallback=fallback)
         if options is not None:
             out["low_memory_options"] = options
         print(json.dumps(out, indent=1, default=str))
         return 0 if result.fits else 1
+    if fallback:
+        s = result.setup
+        print(f"does not fit with {args.optimizer} and the EMA on the {'GPU' if ema == 'device' else ema}; it fits with "
+              f"--optimizer {s.optimizer} --ema-device {'cpu' if s.ema == 'cpu' else 'same'}:\n")
     print("\n".join(result.explanation))
+    if not result.fits and ema != "none":
+        print("(neither does it with the EMA on the CPU, 8-bit AdamW, or both: a larger card or a smaller model)")
     print()
     print("\n".join(activation_lines(shape, args.attn)))
     if result.fits:
@@ -89,9 +102,17 @@ def main(argv=None) -> int:
         for c in result.candidates[:8]:
             print(f"  micro-batch {c['micro_batch']:>4} x {c['grad_accum']:>3}  checkpointed {c['checkpointed']:>3}"
                   f"  peak {c['peak_gib']:>6.2f} GiB  relative time/image {c['relative_time']:.2f}")
+        print()
+        if command:
+            where = "" if profile else " (--latents-path: your dit-extract-latents folder)"
+            print(f"train it with{where}:\n  {command}")
+        else:
+            print("no dit-train command: dit-train trains on pre-extracted latents and always keeps an EMA; "
+                  "plan without --vae-in-loop and --ema none for one")
     if options is not None:
         print()
-        print(f"options for a {args.gpu_memory} card:")
+        gib = args.gpu_memory if not str(args.gpu_memory).replace(".", "").isdigit() else f"{args.gpu_memory} GiB"
+        print(f"options for a {gib} card:")
         for o in options:
             fit = (f"fits: micro-batch {o['micro_batch']} x {o['grad_accum']}, {o['checkpointed']} blocks "
                    f"checkpointed, peak {o['peak_gib']} GiB") if o["fits"] else "does not fit"

@@ -1,147 +1,322 @@
 """``dit-sample``: class-conditional images from a DiT checkpoint, as a labelled grid and/or an FID ``.npz``.
 
     dit-sample --ckpt runs/digits --grid samples.png                        # the run's own sampling settings
-    dit-sample --ckpt DiT-XL-2-256x256.pt --classes 207,360,387,974 --per-class 2 --cfg-scale 4 \\
-               --steps 250 --sampler ddpm --grid xl.png                      # official checkpoint, SD VAE
-    dit-sample --ckpt DiT-XL-2-256x256.pt --classes 0-999 --per-class 50 --cfg-scale 1.5 \\
-               --guidance-channels 3 --npz fid50k.npz --batch-size 125     # the paper's FID-50K samples
+    dit-sample --ckpt DiT-XL-2-256x256.pt --classes 207,360,387,974 --per-class 2 --grid xl.png
+                                             # an official checkpoint: the official sample.py's settings
+    dit-sample --ckpt DiT-XL-2-256x256.pt --official --npz fid50k.npz       # the FID-50K samples of the paper
+    torchrun --nproc_per_node 8 -m dit_core.cli.sample --ckpt DiT-XL-2-256x256.pt --official --npz fid50k.npz
+    dit-sample --ckpt runs/digits --num-samples 10000 --labels balanced --npz digits10k.npz
 
 ``--ckpt`` takes a dit_core run folder or checkpoint, an official ``.pt``, or a diffusers DiTPipeline folder.
-Unset sampling options come from the checkpoint's run (digits: ddim, 50 steps, cfg 2), else the official
-defaults (ddpm, 250 steps, cfg 4). Prints the images/s of the sampling itself (model loading excluded).
+The labels are ``--classes`` x ``--per-class`` (in that order), or ``--num-samples N`` labels drawn by
+``--labels uniform`` (independent uniform draws, as the official sample_ddp.py) or ``balanced`` (N/C per class,
+shuffled), from ``--seed``. Unset sampling options come from the checkpoint's run (digits: ddim, 50 steps,
+cfg 2), or for an official checkpoint from the official sample.py (ddpm, 250 steps, cfg 4, guidance on 3
+channels, the mse VAE). ``--official`` is the official FID evaluation (sample_ddp.py): 250 DDPM steps, cfg 1.5,
+guidance on the first 3 latent channels, the ema VAE, uniform labels, fp32 with TF32, 50,000 samples; each
+setting can still be overridden.
+
+``--npz`` streams the images to disk in shards (``<npz stem>.shards/``) and assembles the ``.npz`` at the end:
+memory does not grow with N, a rerun of the same command resumes where a killed run stopped (the result is
+bit-identical to an uninterrupted run), and a rerun with other settings is refused. Under ``torchrun`` every
+process samples its own shards and process 0 assembles. Prints the images/s of the sampling (loading excluded).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
+
+OFFICIAL = dict(sampler="ddpm", steps=250, cfg_scale=1.5, guidance_channels=3, vae="ema", labels="uniform",
+                precision="fp32", num_samples=50_000)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dit-sample", description=__doc__.splitlines()[0].strip("`: "),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--ckpt", required=True, help="run folder, checkpoint (.pt/.safetensors) or diffusers folder")
-    p.add_argument("--classes", default=None, help="classes to sample, e.g. '0-9,12' (default: up to the first 10)")
-    p.add_argument("--per-class", type=int, default=4, help="samples per class (default 4)")
+    p.add_argument("--classes", default=None, help="classes to sample, e.g. '0-9,12' (default: up to the first 10; "
+                   "with --num-samples: all)")
+    p.add_argument("--per-class", type=int, default=None, help="samples per class (default 4)")
+    p.add_argument("--num-samples", type=int, default=None, help="N samples with --labels labels (FID: 50000)")
+    p.add_argument("--labels", default=None, choices=["uniform", "balanced"],
+                   help="labels of --num-samples: uniform draws (default, as sample_ddp.py) or balanced counts")
+    p.add_argument("--official", action="store_true",
+                   help="the official FID settings: ddpm 250 steps, cfg 1.5 on 3 channels, ema VAE, uniform labels, "
+                   "fp32 + TF32, 50000 samples with --npz")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (1: none)")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
-    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++")
+    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun "
+                                                  "or euler-maruyama")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (ddpm 250, ddim 50, dpm-solver++ 25)")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM noise (0: deterministic)")
     p.add_argument("--seed", type=int, default=0, help="sample i uses seed + i, whatever the batch size")
     p.add_argument("--vae", default=None, help="VAE id or folder for latent models (default: the checkpoint's)")
     p.add_argument("--batch-size", type=int, default=None, help="images per forward pass (default 64 on CPU, 128 on GPU)")
     p.add_argument("--decode-batch-size", type=int, default=None, help="images per VAE decode (default: batch size)")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="autocast of the transformer (auto: bf16 on bf16 GPUs and AMX CPUs)")
+    p.add_argument("--precision", default=None, choices=["auto", "fp32", "bf16", "fp16"],
+                   help="autocast of the transformer (default auto: bf16 on bf16 GPUs and AMX CPUs; --official: fp32)")
     p.add_argument("--device", default="auto", help="cuda, cpu, cuda:1, mps or auto")
-    p.add_argument("--grid", default=None, help="write a labelled PNG grid here (one row per class)")
-    p.add_argument("--npz", default=None, help="write arr_0 (uint8 NxHxWxC) and labels here")
+    p.add_argument("--grid", default=None, help="write a labelled PNG grid here (with --npz: of the first 100)")
+    p.add_argument("--npz", default=None, help="stream arr_0 (uint8 NxHxWxC) and labels here, resumably")
+    p.add_argument("--shard-size", type=int, default=None, help="images per shard of --npz (default: the batch size)")
+    p.add_argument("--keep-shards", action="store_true", help="keep the shards after assembling the .npz")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
 
+def _fail(message: str, code: int = 2) -> int:
+    print(f"dit-sample: {message}", file=sys.stderr)
+    return code
+
+
+def _check_arguments(args) -> str | None:
+    if not (args.grid or args.npz):
+        return "nothing to write; pass --grid out.png and/or --npz out.npz"
+    if args.per_class is not None and args.per_class < 1:
+        return "--per-class must be at least 1"
+    if args.num_samples is not None and args.num_samples < 1:
+        return "--num-samples must be at least 1"
+    if args.num_samples is not None and args.per_class is not None:
+        return "--num-samples and --per-class are two ways to choose the labels: pass one of them"
+    if args.labels and args.num_samples is None and not args.official:
+        return "--labels chooses the labels of --num-samples N; pass --num-samples too"
+    if args.shard_size is not None and args.shard_size < 1:
+        return "--shard-size must be at least 1"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.npz:
+        return "under torchrun the processes share the work of an --npz; pass --npz (a grid needs one process)"
+    return None
+
+
+def _settings(args, info, model) -> dict:
+    """The sampling settings, from the flags, --official, and what the checkpoint says; with a note on where
+    they come from when that is not obvious (an official checkpoint, a model without null class)."""
+    from dit_core.sample import has_null_class
+
+    base = dict(info)
+    notes = []
+    if args.official:
+        if model.in_channels != 4 or info.get("space") != "latent":
+            raise ValueError("--official reproduces the official evaluation of latent DiTs (guidance on 3 of the 4 "
+                             f"latent channels, the SD VAE); this is a {info.get('space')} model with "
+                             f"{model.in_channels} channel(s): choose --sampler, --steps and --cfg-scale instead")
+        base.update({k: v for k, v in OFFICIAL.items() if k not in ("labels", "num_samples", "precision")})
+        source = "--official (the official sample_ddp.py's FID settings)"
+    elif info.get("kind") == "official":
+        source = ("the official sample.py's settings, as this is an official checkpoint; add --official for the FID "
+                  "settings of sample_ddp.py (cfg 1.5, ema VAE, uniform labels, fp32 + TF32)")
+    else:
+        source = None
+    s = {}
+    s["sampler"] = args.sampler or base.get("sampler") or "ddpm"
+    s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
+        {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250}.get(s["sampler"], 25)
+    s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
+    s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \
+        base.get("guidance_channels")
+    s["vae"] = (args.vae or base.get("vae")) if info.get("space") == "latent" else None
+    s["precision"] = args.precision or ("fp32" if args.official else "auto")
+    if not model.num_classes:
+        s["cfg_scale"] = 1.0
+    elif s["cfg_scale"] != 1.0 and not has_null_class(model):
+        if args.cfg_scale is not None:  # asked for explicitly: the clear error of generate()
+            from dit_core.sample import check_guidance
+
+            check_guidance(model, s["cfg_scale"])
+        notes.append(f"this model was trained with class_dropout_prob 0 (no null class): sampling without guidance "
+                     f"(cfg 1, not the run's {s['cfg_scale']})")
+        s["cfg_scale"] = 1.0
+    s["source"] = source
+    return s, notes
+
+
+def _settings_note(args, s: dict, how: dict, amp: str, device) -> str:
+    """One line: the settings in use and where they come from (printed for an official checkpoint or mode)."""
+    changed = [k for k in ("sampler", "steps", "cfg_scale", "guidance_channels", "vae", "labels", "precision")
+               if getattr(args, k, None) is not None]
+    labels = (f"{how['num_samples']} {how['labels']} labels" if how["labels"] != "classes" else
+              f"{how['per_class']} per class")
+    tf32 = " + TF32" if args.official and device.type == "cuda" else ""
+    return (f"settings: {s['sampler']}, {s['steps']} steps, cfg {s['cfg_scale']}, guidance on "
+            f"{s['guidance_channels'] or 'all'} channels, VAE {s['vae']}, {labels}, {amp}{tf32}: {s['source']}"
+            + (f"; overridden: {', '.join('--' + k.replace('_', '-') for k in changed)}" if changed else ""))
+
+
+def _labels(args, model, info):
+    """``(labels, how)``: the label of every sample, and how they were chosen (for the manifest)."""
+    from dit_core.sample import parse_classes
+    from dit_core.sample.shards import make_labels
+
+    num_classes = model.num_classes
+    classes = parse_classes(args.classes, num_classes or 1) if args.classes is not None else None
+    num_samples = args.num_samples
+    if num_samples is None and args.official and args.npz and args.classes is None and args.per_class is None:
+        num_samples = OFFICIAL["num_samples"]
+    if num_samples is not None:
+        mode = args.labels or "uniform"
+        labels = make_labels(num_samples, num_classes, mode, args.seed, classes)
+        return labels, dict(labels=mode, classes=classes, per_class=None, num_samples=num_samples)
+    if classes is None:
+        classes = list(range(min(10, num_classes))) if num_classes else [0]
+    per_class = args.per_class or 4
+    labels = [c for c in classes for _ in range(per_class)]
+    return labels, dict(labels="classes", classes=classes, per_class=per_class, num_samples=len(labels))
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    problem = _check_arguments(args)
+    if problem:
+        return _fail(problem)
+    import time
+
+    import numpy as np
     import torch
 
-    from dit_core.book import set_threads
-    from dit_core.diffusion import create_diffusion
-    from dit_core.sample import generate, load_model, parse_classes, resolve_amp, save_grid, save_npz
+    from dit_core.diffusion import create_process
+    from dit_core.runtime import DTYPES, resolve_device, resolve_precision, set_tf32, set_threads
+    from dit_core.sample import generate, load_model, save_grid, to_uint8
+    from dit_core.sample.shards import SampleRunError, fingerprint, sample_to_npz
 
-    if not (args.grid or args.npz):
-        print("dit-sample: nothing to write; pass --grid out.png and/or --npz out.npz", file=sys.stderr)
-        return 2
-    if args.per_class < 1:
-        print("dit-sample: --per-class must be at least 1", file=sys.stderr)
-        return 2
     set_threads()
-    device = torch.device(_device(args.device))
+    world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    try:
+        device = resolve_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
+    except ValueError as err:
+        return _fail(str(err))
+    if world_size > 1:
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     try:
         model, info = load_model(args.ckpt, device=device)
     except (FileNotFoundError, ValueError) as err:
-        print(f"dit-sample: {err}", file=sys.stderr)
-        return 2
-    num_classes = model.num_classes
+        return _fail(str(err))
     try:
-        if args.classes is not None:
-            classes = parse_classes(args.classes, num_classes or 1)
-        else:
-            classes = list(range(min(10, num_classes))) if num_classes else [0]
+        settings, notes = _settings(args, info, model)
+        amp = resolve_precision(settings["precision"], device)
+        labels, how = _labels(args, model, info)
     except ValueError as err:
-        print(f"dit-sample: {err}", file=sys.stderr)
-        return 2
-    labels = [c for c in classes for _ in range(args.per_class)]
-    sampler = args.sampler or info.get("sampler") or "ddpm"
-    steps = args.steps or (info.get("steps") if sampler == info.get("sampler") else None) or \
-        {"ddpm": 250, "ddim": 50}.get(sampler, 25)
-    cfg_scale = args.cfg_scale if args.cfg_scale is not None else (info.get("cfg_scale") or 4.0)
-    if not num_classes:
-        cfg_scale = 1.0
+        return _fail(str(err))
+    if args.official and device.type == "cuda":
+        set_tf32(True)  # sample_ddp.py: "By default, use TF32 matmuls"
+    if settings["source"]:
+        notes.insert(0, _settings_note(args, settings, how, amp, device))
+    if rank == 0:
+        for note in notes:
+            print(f"dit-sample: {note}", file=sys.stderr)
 
-    vae = None
+    vae, vae_precision = None, None
     if info.get("space") == "latent":
-        from dit_core.latents import VAENotFoundError, load_vae
+        from dit_core.vae import VAENotFoundError, load_vae
 
-        name = args.vae or info.get("vae")
+        # the decoder in the VAE's precision: fp16 on a GPU, fp32 elsewhere and in the official mode
+        vae_precision = "fp32" if args.official else resolve_precision("auto", device, "vae")
         try:
-            vae = load_vae(name, device=device, dtype=torch.float16 if device.type == "cuda" else torch.float32)
+            vae = load_vae(settings["vae"], device=device, dtype=DTYPES[vae_precision])
         except (VAENotFoundError, OSError, ValueError) as err:
-            print(f"dit-sample: this is a latent model and its VAE cannot be loaded: {err}", file=sys.stderr)
-            return 2
-    diffusion = create_diffusion("", noise_schedule=info.get("noise_schedule", "linear"),
-                                 learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
-    amp = resolve_amp(args.precision, device)
+            return _fail(f"this is a latent model and its VAE cannot be loaded: {err}")
+    # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
+    diffusion = create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
+                               learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
-
-    start = time.perf_counter()
-    try:
-        images = generate(model, diffusion, labels, cfg_scale=cfg_scale, sampler=sampler, steps=steps, seed=args.seed,
-                          device=device, batch_size=batch_size, guidance_channels=args.guidance_channels, eta=args.eta,
-                          amp=amp, progress=not args.no_progress, vae=vae, decode_batch_size=args.decode_batch_size)
-    except ValueError as err:
-        print(f"dit-sample: {err}", file=sys.stderr)
-        return 2
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-
+    options = dict(cfg_scale=settings["cfg_scale"], sampler=settings["sampler"], steps=settings["steps"],
+                   guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp, device=device,
+                   batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
     names = info.get("label_names")
-    shown = [names[c] if names and c < len(names) else str(c) for c in labels]
-    summary = dict(ckpt=str(args.ckpt), kind=info.get("kind"), images=len(labels), classes=classes,
-                   per_class=args.per_class, sampler=sampler, steps=steps, cfg_scale=cfg_scale,
-                   guidance_channels=args.guidance_channels, eta=args.eta, seed=args.seed, precision=amp,
-                   device=str(device), batch_size=batch_size, seconds=round(seconds, 3),
-                   images_per_second=round(len(labels) / seconds, 3) if seconds > 0 else None,
-                   shape=list(images.shape[1:]))
-    if args.grid:
-        save_grid(images, args.grid, nrow=args.per_class if len(classes) > 1 else None, labels=shown)
+    n = len(labels)
+    summary = dict(ckpt=str(args.ckpt), kind=info.get("kind"), official=bool(args.official), images=n, **how,
+                   sampler=settings["sampler"], steps=settings["steps"], cfg_scale=settings["cfg_scale"],
+                   guidance_channels=settings["guidance_channels"], eta=args.eta, seed=args.seed, precision=amp,
+                   vae=settings["vae"], device=str(device), batch_size=batch_size)
+    if how["labels"] != "classes" or n > 64:
+        summary["classes"] = None if how["classes"] is None else f"{len(how['classes'])} classes"
+
+    try:
+        if args.npz:
+            def sample_fn(batch_labels, first_seed, tick):
+                images = generate(model, diffusion, [int(c) for c in batch_labels], seed=first_seed, progress=False,
+                                  callback=lambda i: tick(len(i["x"]) / i["num_steps"]), **options)
+                return to_uint8(images)
+
+            run_settings = dict(
+                {k: v for k, v in summary.items() if k not in ("ckpt", "images", "kind", "classes", "official")},
+                ckpt=str(info.get("path", args.ckpt)), ckpt_fingerprint=fingerprint(info.get("path", args.ckpt)),
+                classes=how["classes"], vae_precision=vae_precision,
+                tf32=bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None,
+                noise_schedule=info.get("noise_schedule", "linear"), diffusion_steps=info.get("diffusion_steps", 1000),
+            )
+            barrier = None
+            if world_size > 1:
+                import torch.distributed as dist
+
+                barrier = dist.barrier
+            result = sample_to_npz(args.npz, sample_fn, run_settings, np.asarray(labels, np.int64),
+                                   shard_size=args.shard_size or batch_size, rank=rank, world_size=world_size,
+                                   barrier=barrier, progress=not args.no_progress, keep_shards=args.keep_shards)
+            seconds, sampled = result["seconds"], result["sampled"]
+            summary.update(npz=result["npz"], images_sampled=sampled, images_resumed=result["resumed"],
+                           processes=world_size)
+            if result.get("already_complete"):
+                summary["note"] = "already complete with these settings: nothing sampled"
+            images = None
+            if args.grid and rank == 0:
+                from dit_core.eval.samples import iter_images
+
+                head = next(iter_images(args.npz, chunk=100))
+                images = torch.from_numpy(head.copy()).permute(0, 3, 1, 2).float() / 127.5 - 1
+        else:
+            start = time.perf_counter()
+            images = generate(model, diffusion, labels, seed=args.seed, progress=not args.no_progress, **options)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds, sampled = time.perf_counter() - start, n
+    except SampleRunError as err:
+        return _fail(str(err), 1)
+    except ValueError as err:
+        return _fail(str(err))
+    finally:
+        if world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    if rank != 0:
+        return 0
+
+    summary.update(seconds=round(seconds, 3),
+                   images_per_second=round(sampled / seconds, 3) if seconds > 0 and sampled else None)
+    if args.grid and images is not None:
+        shown_labels = [int(c) for c in labels[: len(images)]]
+        shown = [names[c] if names and c < len(names) else str(c) for c in shown_labels]
+        nrow = how["per_class"] if how["per_class"] and len(how["classes"]) > 1 else None
+        save_grid(images, args.grid, nrow=nrow, labels=shown)
         summary["grid"] = args.grid
-    if args.npz:
-        summary["npz"] = str(save_npz(args.npz, images, labels))
+    if images is not None:
+        summary["shape"] = list(images.shape[1:])
+    elif summary.get("npz"):
+        from dit_core.eval.samples import npz_image_shape
+
+        summary["shape"] = list(npz_image_shape(summary["npz"])[1:])  # H, W, C as stored
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif not sampled and summary.get("npz"):
+        print(f"{summary['npz']}: all {n} images were sampled before with these settings; nothing to do")
     else:
-        print(f"{len(labels)} images ({sampler}, {steps} steps, cfg {cfg_scale}, {amp}, {device}) in {seconds:.2f} s: "
-              f"{summary['images_per_second']} images/s" + "".join(
+        what = f"{sampled} images" + (f" (+{summary['images_resumed']} from before)"
+                                      if summary.get("images_resumed") else "")
+        print(f"{what} ({settings['sampler']}, {settings['steps']} steps, cfg {settings['cfg_scale']}, {amp}, {device}) "
+              f"in {seconds:.2f} s: {summary['images_per_second']} images/s" + "".join(
                   f"; {k} -> {summary[k]}" for k in ("grid", "npz") if k in summary))
+        if "note" in summary:
+            print(f"note: {summary['note']}")
     return 0
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 - :mod:`dit_core.data.images`: :class:`ImageFolderDataset`, :func:`center_crop_arr`, :func:`load_image`;
 - :mod:`dit_core.data.check`: :func:`check_dataset` and its report (``dit-data check ROOT``);
-- :mod:`dit_core.data.digits`: :func:`export_digits` (``dit-data digits OUT``).
+- :mod:`dit_core.data.digits`: :func:`export_digits` (``dit-data digits OUT``);
+- :mod:`dit_core.data.imagenette`: :func:`prepare_imagenette` (``dit-data imagenette OUT``), ten ImageNet classes
+  with their ImageNet-1k labels through a label map (:func:`read_label_map`).
 
 Latent-space training reads pre-extracted VAE latents instead: see :mod:`dit_core.latents`.
 """
@@ -11,18 +13,26 @@ from .check import ACTIONS, DatasetReport, Problem, check_dataset, format_report
 from .digits import export_digits
 from .images import (
     IMG_EXTENSIONS,
+    LABEL_MAP,
     ImageFolderDataset,
+    LabelMap,
     center_crop_arr,
     find_classes,
     load_image,
+    present_labels,
+    read_label_map,
     to_tensor,
+    write_label_map,
 )
+from .imagenette import prepare_imagenette
 
 __all__ = [
     "ACTIONS",
     "DatasetReport",
     "IMG_EXTENSIONS",
     "ImageFolderDataset",
+    "LABEL_MAP",
+    "LabelMap",
     "Problem",
     "center_crop_arr",
     "check_dataset",
@@ -31,5 +41,9 @@ __all__ = [
     "format_report",
     "load_image",
     "plant_bad_files",
+    "prepare_imagenette",
+    "present_labels",
+    "read_label_map",
     "to_tensor",
+    "write_label_map",
 ]

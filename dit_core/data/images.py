@@ -5,6 +5,12 @@ cropped the way ADM (Dhariwal & Nichol, 2021) does it, with a random horizontal 
 augmentation (Peebles & Xie, 2023, Sec. 5). This module does the same with PIL and numpy alone, because
 PyPI's torchvision does not import beside the CPU build of torch.
 
+**Labels.** A class's label is its position among the sorted class folders, as in torchvision, unless the
+dataset root holds a label map (:data:`LABEL_MAP`, ``label_map.json``; :func:`read_label_map`): then each folder
+gets the label the map gives it, out of the map's ``num_classes``. Imagenette (``dit-data imagenette``) carries
+one that gives its 10 classes their ImageNet-1k indices, so that a model trained on it and the official
+ImageNet checkpoints mean the same class by the same number.
+
 Real datasets hold bad files: zero-byte downloads, truncated JPEGs, HTML error pages saved as ``.jpg``,
 CMYK or 16-bit images. :func:`load_image` is the single place that decides what happens to each of them,
 so the dataset check (:mod:`dit_core.data.check`) reports exactly what the loader will do. A file that
@@ -13,8 +19,10 @@ cannot be decoded never stops an epoch: :class:`ImageFolderDataset` warns once a
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +94,97 @@ def resolve_split(root: str | os.PathLike, split: str | None = None) -> Path:
     return root
 
 
+#: The label map's file name, in the dataset root (beside ``train/`` and ``val/``) or in the class folder's parent.
+LABEL_MAP = "label_map.json"
+LABEL_MAP_FORMAT = "dit-label-map"
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Which label each class folder has, out of how many classes: ``index[folder]`` in ``0..num_classes-1``,
+    with a readable ``names[folder]`` (the folder name when the map gives none)."""
+
+    num_classes: int
+    index: dict = field(default_factory=dict)
+    names: dict = field(default_factory=dict)
+    path: str | None = None
+
+    def __post_init__(self):
+        if self.num_classes < 1:
+            raise ValueError(f"label map {self.path or ''}: num_classes must be at least 1, got {self.num_classes}")
+        bad = {k: v for k, v in self.index.items() if not (isinstance(v, int) and 0 <= v < self.num_classes)}
+        if bad:
+            raise ValueError(f"label map {self.path or ''}: labels outside 0..{self.num_classes - 1}: {bad}")
+        seen: dict[int, str] = {}
+        for folder, label in self.index.items():
+            if label in seen:
+                raise ValueError(f"label map {self.path or ''}: folders {seen[label]!r} and {folder!r} share label {label}")
+            seen[label] = folder
+
+    def class_names(self) -> list[str]:
+        """A list of ``num_classes`` names indexed by label: the mapped folders' names, "" for labels no folder has."""
+        names = [""] * self.num_classes
+        for folder, label in self.index.items():
+            names[label] = self.names.get(folder) or folder
+        return names
+
+    def to_dict(self) -> dict:
+        return {"format": LABEL_MAP_FORMAT, "num_classes": self.num_classes,
+                "classes": {f: {"index": i, "name": self.names.get(f, f)} for f, i in sorted(self.index.items())}}
+
+
+def read_label_map(folder: str | os.PathLike) -> LabelMap | None:
+    """The label map that applies to the class folders in ``folder``, or None (labels by sorted position).
+
+    Looked for as ``folder/label_map.json`` and, when ``folder`` is a split (``train``, ``val``, ``test``), in its
+    parent, the dataset root. Format::
+
+        {"format": "dit-label-map", "num_classes": 1000,
+         "classes": {"n01440764": {"index": 0, "name": "tench"}, ...}}
+    """
+    folder = Path(folder)
+    candidates = [folder / LABEL_MAP]
+    if folder.name in SPLIT_NAMES:
+        candidates.append(folder.parent / LABEL_MAP)
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as err:
+            raise ValueError(f"label map {path} is not valid JSON ({err}); fix or delete it") from None
+        if not isinstance(data, dict) or data.get("format") != LABEL_MAP_FORMAT or not isinstance(data.get("classes"), dict):
+            raise ValueError(f"{path} is not a label map: expected a JSON object with \"format\": "
+                             f"\"{LABEL_MAP_FORMAT}\", \"num_classes\" and \"classes\"; rename it if it is another file")
+        classes = data["classes"]
+        return LabelMap(num_classes=int(data.get("num_classes", len(classes))),
+                        index={str(k): v["index"] if isinstance(v, dict) else v for k, v in classes.items()},
+                        names={str(k): v.get("name", k) for k, v in classes.items() if isinstance(v, dict)},
+                        path=str(path))
+    return None
+
+
+def write_label_map(root: str | os.PathLike, label_map: LabelMap) -> Path:
+    """Write ``label_map`` to ``root/label_map.json`` (atomically)."""
+    from ..atomic import atomic_write_text
+
+    return atomic_write_text(Path(root) / LABEL_MAP, json.dumps(label_map.to_dict(), indent=1) + "\n")
+
+
+def present_labels(dataset) -> list[int]:
+    """The labels that occur in ``dataset`` (its ``targets``; a ``Subset`` counts its own items), sorted: the classes
+    worth showing in a sample grid, which are not ``range(num_classes)`` when a label map spreads them out."""
+    if isinstance(dataset, torch.utils.data.Subset):
+        targets = getattr(dataset.dataset, "targets", None)
+        if targets is not None:
+            return sorted({int(targets[i]) for i in dataset.indices})
+        dataset = dataset.dataset
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        return list(range(int(getattr(dataset, "num_classes", 0))))
+    return sorted({int(t) for t in targets})
+
+
 def make_samples(folder: Path, class_to_idx: dict[str, int]) -> tuple[list[tuple[str, int]], list[str]]:
     """All image files below each class folder, in a fixed order: classes sorted, files sorted.
 
@@ -143,7 +242,7 @@ def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
     """The ADM center crop used by DiT's data pipeline.
 
     1. While the short side is at least twice ``image_size``, halve the image with a BOX filter (an
-       exact average of 2x2 blocks: cheap and alias free).
+       exact average of 2x2 blocks: cheap, and it reduces aliasing).
     2. Resize with BICUBIC so that the short side equals ``image_size`` (sizes rounded to the nearest
        pixel).
     3. Cut the central ``image_size`` x ``image_size`` square.
@@ -197,8 +296,9 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     (in index order, so the substitute is always the same) is served in its place. Run
     ``dit-data check ROOT`` to see every such file before training.
 
-    Attributes: ``classes``, ``class_to_idx``, ``num_classes``, ``samples`` (list of ``(path, label)``),
-    ``root`` (the folder that holds the classes), ``sample_shape`` (C, H, W) when ``image_size`` is set.
+    Attributes: ``classes`` (name of each label), ``class_folders``, ``class_to_idx`` (folder -> label),
+    ``num_classes``, ``label_map`` (or None), ``samples`` (list of ``(path, label)``), ``targets``, ``root`` (the
+    folder that holds the classes), ``sample_shape`` (C, H, W) when ``image_size`` is set.
     """
 
     def __init__(
@@ -220,6 +320,17 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         self.flip = flip
         self.center_crop = center_crop
         self.classes, self.class_to_idx = find_classes(self.root)
+        self.class_folders = list(self.classes)
+        self.label_map = read_label_map(self.root)
+        if self.label_map is not None:
+            unmapped = [c for c in self.class_folders if c not in self.label_map.index]
+            if unmapped:
+                raise ValueError(
+                    f"class folder(s) {unmapped[:5]} in {self.root} have no entry in the label map "
+                    f"{self.label_map.path}; add them there (or remove the map to number classes by sorted folder name)"
+                )
+            self.class_to_idx = {c: self.label_map.index[c] for c in self.class_folders}
+            self.classes = self.label_map.class_names()
         samples, _ = make_samples(self.root, self.class_to_idx)
         empty = [p for p, _ in samples if _file_size(p) == 0]
         if empty:
@@ -235,8 +346,9 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                 f"no readable images under {str(self.root)!r} (extensions {', '.join(IMG_EXTENSIONS)})"
             )
         counts = np.bincount([label for _, label in samples], minlength=len(self.classes))
-        if (counts == 0).any():
-            missing = [self.classes[i] for i in np.flatnonzero(counts == 0)]
+        folder_labels = sorted(self.class_to_idx.values())
+        if (counts[folder_labels] == 0).any():
+            missing = [self.classes[i] for i in folder_labels if counts[i] == 0]
             warnings.warn(f"class folder(s) without images: {missing[:5]}; their labels are never served", stacklevel=2)
         self.samples = samples
         self.targets = [label for _, label in samples]

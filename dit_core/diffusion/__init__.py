@@ -13,15 +13,19 @@ Use it exactly like the official DiT code::
                                       model_kwargs=dict(y=y, cfg_scale=4.0), progress=True)
 
 Modules: :mod:`.schedule` (betas), :mod:`.gaussian` (the process, losses, samplers), :mod:`.respace`
-(fewer steps), :mod:`.losses` (KL and discretized likelihood).
+(fewer steps), :mod:`.losses` (KL and discretized likelihood), :mod:`.flow` (the linear interpolant with
+velocity prediction, ``objective: flow``, and its ODE/SDE samplers; :func:`create_process` picks one of the two).
 """
 
+from .flow import LinearInterpolant
 from .gaussian import GaussianDiffusion, LossType, ModelMeanType, ModelVarType
 from .respace import SpacedDiffusion, space_timesteps
 from .schedule import get_named_beta_schedule
 
 __all__ = [
     "create_diffusion",
+    "create_process",
+    "LinearInterpolant",
     "GaussianDiffusion",
     "SpacedDiffusion",
     "space_timesteps",
@@ -75,3 +79,18 @@ def create_diffusion(
         model_var_type=model_var_type,
         loss_type=loss_type,
     )
+
+
+def create_process(objective="ddpm", noise_schedule="linear", learn_sigma=True, diffusion_steps=1000):
+    """The process a model was trained with, for training and sampling it: DiT's Gaussian diffusion over all
+    ``diffusion_steps`` (``objective="ddpm"``, :func:`create_diffusion`) or the linear interpolant
+    (``objective="flow"``, :class:`~dit_core.diffusion.flow.LinearInterpolant`; it has no schedule and no
+    learned variance)."""
+    if objective == "flow":
+        if learn_sigma:
+            raise ValueError("objective 'flow' predicts a velocity only: build the model with learn_sigma=False")
+        return LinearInterpolant()
+    if objective != "ddpm":
+        raise ValueError(f"objective must be 'ddpm' or 'flow', got {objective!r}")
+    return create_diffusion("", noise_schedule=noise_schedule, learn_sigma=learn_sigma,
+                            diffusion_steps=diffusion_steps)

@@ -54,17 +54,53 @@ class LossType(enum.Enum):
         return self in (LossType.KL, LossType.RESCALED_KL)
 
 
-def _extract_into_tensor(arr, timesteps, like):
-    """Look up ``arr[t]`` for each example's timestep, shaped (N, 1, ..., 1) to broadcast against ``like``.
+def schedule_arrays(betas) -> dict[str, np.ndarray]:
+    """Every per-step number of the process, computed once from the betas in float64 (names as in the papers).
 
-    The schedule is stored in float64 numpy; the values come back on ``timesteps.device`` as float32
-    (float64 when ``like`` is float64), the precision the official code uses, so results agree with it
-    to float32 round-off for fp32 and bf16 inputs alike.
+    ``alpha_bar[t]`` is the cumulative product of ``1 - beta`` (DDPM, above eq. 4), ``alpha_bar_prev`` and
+    ``alpha_bar_next`` the same shifted by one step (1 before the first, 0 after the last); the posterior
+    q(x_{t-1} | x_t, x_0) has variance ``posterior_var`` (beta_tilde_t) and mean
+    ``posterior_coef_x0 * x_0 + posterior_coef_xt * x_t`` (DDPM eqs. 6-7).
     """
-    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    # Cast on the CPU first: some accelerators (Apple MPS) have no float64.
-    values = torch.from_numpy(arr).to(dtype).to(timesteps.device)[timesteps]
-    return values.reshape(-1, *([1] * (like.dim() - 1)))
+    betas = np.asarray(betas, dtype=np.float64)
+    if betas.ndim != 1 or len(betas) == 0:
+        raise ValueError(f"betas must be a non-empty 1-D array, got shape {betas.shape}.")
+    if not ((betas > 0).all() and (betas < 1).all()):
+        raise ValueError("every beta must lie strictly between 0 and 1; check the noise schedule.")
+    alphas = 1.0 - betas
+    alpha_bar = np.cumprod(alphas)
+    alpha_bar_prev = np.append(1.0, alpha_bar[:-1])
+    posterior_var = betas * (1.0 - alpha_bar_prev) / (1.0 - alpha_bar)
+    # beta_tilde is 0 at the first step, so its log is clipped: step 0 borrows the value of step 1 (with a
+    # single step there is no step 1, and beta_0 stands in).
+    first = posterior_var[1] if len(betas) > 1 else betas[0]
+    posterior_log_var = np.log(np.append(first, posterior_var[1:]))
+    # The fixed "large" variance sigma_t^2 = beta_t (DDPM Sec. 3.2), except that step 0 borrows beta_tilde of
+    # step 1, as the official code does, for a better decoder log-likelihood.
+    large_var = betas.copy()
+    if len(betas) > 1:
+        large_var[0] = posterior_var[1]
+    return {
+        "beta": betas,
+        "log_beta": np.log(betas),
+        "alpha_bar": alpha_bar,
+        "alpha_bar_prev": alpha_bar_prev,
+        "alpha_bar_next": np.append(alpha_bar[1:], 0.0),
+        "one_minus_alpha_bar": 1.0 - alpha_bar,
+        # q(x_t | x_0) (DDPM eq. 4), and turning a noise prediction into an x_0 prediction
+        "sqrt_alpha_bar": np.sqrt(alpha_bar),
+        "sqrt_one_minus_alpha_bar": np.sqrt(1.0 - alpha_bar),
+        "log_one_minus_alpha_bar": np.log(1.0 - alpha_bar),
+        "sqrt_recip_alpha_bar": np.sqrt(1.0 / alpha_bar),
+        "sqrt_recipm1_alpha_bar": np.sqrt(1.0 / alpha_bar - 1),
+        # the posterior q(x_{t-1} | x_t, x_0) (DDPM eqs. 6-7)
+        "posterior_var": posterior_var,
+        "posterior_log_var": posterior_log_var,
+        "posterior_coef_x0": betas * np.sqrt(alpha_bar_prev) / (1.0 - alpha_bar),
+        "posterior_coef_xt": (1.0 - alpha_bar_prev) * np.sqrt(alphas) / (1.0 - alpha_bar),
+        "large_var": large_var,
+        "large_log_var": np.log(large_var),
+    }
 
 
 def _full(values, like):
@@ -90,54 +126,61 @@ class GaussianDiffusion:
     :param model_var_type: a :class:`ModelVarType`, how the reverse variance is chosen.
     :param loss_type: a :class:`LossType`.
 
-    Models are called as ``model(x_t, t, **model_kwargs)`` with ``t`` a long tensor of shape (N,).
+    Models are called as ``model(x_t, t, **model_kwargs)`` with ``t`` a long tensor of shape (N,). The schedule
+    (:func:`schedule_arrays`) is computed once in float64; its values are copied to each device (and dtype) the
+    first time they are needed there, and looked up per example afterwards, without further copies.
+    ``betas``, ``alphas_cumprod``, ``alphas_cumprod_prev``, ``alphas_cumprod_next``, ``posterior_variance`` and
+    ``posterior_log_variance_clipped`` are the float64 numpy arrays under their official names.
     """
 
     def __init__(self, *, betas, model_mean_type, model_var_type, loss_type):
         self.model_mean_type = model_mean_type
         self.model_var_type = model_var_type
         self.loss_type = loss_type
+        self.schedule = schedule_arrays(betas)
+        self.num_timesteps = len(self.schedule["beta"])
+        self._tables: dict = {}  # (device, dtype) -> {name: tensor of T values}
 
-        betas = np.asarray(betas, dtype=np.float64)
-        if betas.ndim != 1 or len(betas) == 0:
-            raise ValueError(f"betas must be a non-empty 1-D array, got shape {betas.shape}.")
-        if not ((betas > 0).all() and (betas < 1).all()):
-            raise ValueError("every beta must lie strictly between 0 and 1; check the noise schedule.")
-        self.betas = betas
-        self.num_timesteps = len(betas)
+    # the schedule under the official names
+    betas = property(lambda self: self.schedule["beta"])
+    alphas_cumprod = property(lambda self: self.schedule["alpha_bar"])
+    alphas_cumprod_prev = property(lambda self: self.schedule["alpha_bar_prev"])
+    alphas_cumprod_next = property(lambda self: self.schedule["alpha_bar_next"])
+    posterior_variance = property(lambda self: self.schedule["posterior_var"])
+    posterior_log_variance_clipped = property(lambda self: self.schedule["posterior_log_var"])
 
-        # alpha_t = 1 - beta_t and alpha_bar_t = prod_{s<=t} alpha_s (DDPM, above eq. 4).
-        alphas = 1.0 - betas
-        self.alphas_cumprod = np.cumprod(alphas)
-        self.alphas_cumprod_prev = np.append(1.0, self.alphas_cumprod[:-1])
-        self.alphas_cumprod_next = np.append(self.alphas_cumprod[1:], 0.0)
+    # ------------------------------------------------------------------ the schedule on a device
 
-        # For q(x_t | x_0) (DDPM eq. 4) and for turning a noise prediction into an x_0 prediction.
-        self.sqrt_alphas_cumprod = np.sqrt(self.alphas_cumprod)
-        self.sqrt_one_minus_alphas_cumprod = np.sqrt(1.0 - self.alphas_cumprod)
-        self.log_one_minus_alphas_cumprod = np.log(1.0 - self.alphas_cumprod)
-        self.sqrt_recip_alphas_cumprod = np.sqrt(1.0 / self.alphas_cumprod)
-        self.sqrt_recipm1_alphas_cumprod = np.sqrt(1.0 / self.alphas_cumprod - 1)
+    def _at(self, name, t, like):
+        """``schedule[name][t]`` for each example's timestep, shaped (N, 1, ..., 1) to broadcast against ``like``.
 
-        # For the posterior q(x_{t-1} | x_t, x_0) (DDPM eqs. 6-7):
-        # beta_tilde_t = (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t) * beta_t and
-        # mu_tilde_t = coef1 * x_0 + coef2 * x_t.
-        self.posterior_variance = betas * (1.0 - self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
-        # beta_tilde is 0 at the first step, so its log is clipped: step 0 borrows the value of step 1
-        # (with a single step there is no step 1, and beta_0 stands in).
-        first = self.posterior_variance[1] if self.num_timesteps > 1 else betas[0]
-        self.posterior_log_variance_clipped = np.log(np.append(first, self.posterior_variance[1:]))
-        self.posterior_mean_coef1 = betas * np.sqrt(self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
-        self.posterior_mean_coef2 = (1.0 - self.alphas_cumprod_prev) * np.sqrt(alphas) / (1.0 - self.alphas_cumprod)
+        The values are float32 (float64 when ``like`` is float64), the precision the official code uses, so
+        results agree with it to float32 round-off for fp32 and bf16 inputs alike; they live on ``t``'s device.
+        """
+        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        table = self._tables.get((t.device, dtype))
+        if table is None:
+            names = list(self.schedule)
+            stacked = torch.from_numpy(np.stack([self.schedule[n] for n in names]))
+            # cast on the CPU first: some accelerators (Apple MPS) have no float64
+            table = dict(zip(names, stacked.to(dtype).to(t.device).unbind(0)))
+            self._tables[(t.device, dtype)] = table
+        return table[name][t].reshape(-1, *([1] * (like.dim() - 1)))
 
-    # ------------------------------------------------------------------ helpers
+    def _model_steps(self, t):
+        """The step numbers the model was trained with (these; a respaced process maps its own)."""
+        return t
 
-    def _wrap_model(self, model):
-        """Hook for :class:`~dit_core.diffusion.respace.SpacedDiffusion`, which maps timesteps."""
-        return model
+    def _run(self, model, x, t, model_kwargs=None):
+        """``model(x, t, **model_kwargs)``, with ``t`` given to the model as trained step numbers."""
+        return model(x, self._model_steps(t), **(model_kwargs or {}))
 
     def _check_timesteps(self, t, x):
-        """Clear errors for the usual mistakes with ``t`` (float times, wrong shape, out of range)."""
+        """Clear errors for the usual mistakes with ``t`` (float times, wrong shape, out of range).
+
+        The range is checked for CPU tensors only: on a GPU the check would make every call wait for the
+        device (an out-of-range step fails there in the schedule lookup instead).
+        """
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"t must be a torch tensor of timestep indices, got {type(t).__name__}.")
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
@@ -151,39 +194,32 @@ class GaussianDiffusion:
             )
         if t.device != x.device:
             raise ValueError(f"t is on {t.device} but x is on {x.device}; put both on the same device.")
-        if ((t < 0) | (t >= self.num_timesteps)).any():
+        if t.device.type == "cpu" and ((t < 0) | (t >= self.num_timesteps)).any():
             raise ValueError(
                 f"timestep out of range: this diffusion has {self.num_timesteps} steps, so t must lie in "
                 f"0..{self.num_timesteps - 1}; got values from {int(t.min())} to {int(t.max())}."
             )
 
-    def _predict_xstart_from_eps(self, x_t, t, eps):
+    def _x0_from_eps(self, x_t, t, eps):
         """x_0 = (x_t - sqrt(1 - alpha_bar_t) eps) / sqrt(alpha_bar_t), DDPM eq. 4 solved for x_0."""
-        return (
-            _extract_into_tensor(self.sqrt_recip_alphas_cumprod, t, x_t) * x_t
-            - _extract_into_tensor(self.sqrt_recipm1_alphas_cumprod, t, x_t) * eps
-        )
+        return self._at("sqrt_recip_alpha_bar", t, x_t) * x_t - self._at("sqrt_recipm1_alpha_bar", t, x_t) * eps
 
-    def _predict_eps_from_xstart(self, x_t, t, pred_xstart):
-        """The inverse of :meth:`_predict_xstart_from_eps`."""
-        return (
-            _extract_into_tensor(self.sqrt_recip_alphas_cumprod, t, x_t) * x_t - pred_xstart
-        ) / _extract_into_tensor(self.sqrt_recipm1_alphas_cumprod, t, x_t)
+    def _eps_from_x0(self, x_t, t, x0):
+        """The inverse of :meth:`_x0_from_eps`."""
+        return (self._at("sqrt_recip_alpha_bar", t, x_t) * x_t - x0) / self._at("sqrt_recipm1_alpha_bar", t, x_t)
 
-    def _predict_xstart_from_xprev(self, x_t, t, xprev):
-        """Solve mu_tilde_t = coef1 x_0 + coef2 x_t (DDPM eq. 7) for x_0, given the mean of x_{t-1}."""
-        return (
-            xprev - _extract_into_tensor(self.posterior_mean_coef2, t, x_t) * x_t
-        ) / _extract_into_tensor(self.posterior_mean_coef1, t, x_t)
+    def _x0_from_mean(self, x_t, t, mean):
+        """Solve mu_tilde_t = coef_x0 x_0 + coef_xt x_t (DDPM eq. 7) for x_0, given the mean of x_{t-1}."""
+        return (mean - self._at("posterior_coef_xt", t, x_t) * x_t) / self._at("posterior_coef_x0", t, x_t)
 
     # ------------------------------------------------------------------ forward process
 
     def q_mean_variance(self, x_start, t):
         """Mean, variance and log-variance of q(x_t | x_0) (DDPM eq. 4)."""
         self._check_timesteps(t, x_start)
-        mean = _extract_into_tensor(self.sqrt_alphas_cumprod, t, x_start) * x_start
-        variance = _full(_extract_into_tensor(1.0 - self.alphas_cumprod, t, x_start), x_start)
-        log_variance = _full(_extract_into_tensor(self.log_one_minus_alphas_cumprod, t, x_start), x_start)
+        mean = self._at("sqrt_alpha_bar", t, x_start) * x_start
+        variance = _full(self._at("one_minus_alpha_bar", t, x_start), x_start)
+        log_variance = _full(self._at("log_one_minus_alpha_bar", t, x_start), x_start)
         return mean, variance, log_variance
 
     def q_sample(self, x_start, t, noise=None):
@@ -193,24 +229,40 @@ class GaussianDiffusion:
             noise = torch.randn_like(x_start)
         if noise.shape != x_start.shape:
             raise ValueError(f"noise has shape {tuple(noise.shape)} but x_start has {tuple(x_start.shape)}.")
-        return (
-            _extract_into_tensor(self.sqrt_alphas_cumprod, t, x_start) * x_start
-            + _extract_into_tensor(self.sqrt_one_minus_alphas_cumprod, t, x_start) * noise
-        )
+        signal, noise_scale = self._at("sqrt_alpha_bar", t, x_start), self._at("sqrt_one_minus_alpha_bar", t, x_start)
+        return signal * x_start + noise_scale * noise
 
     def q_posterior_mean_variance(self, x_start, x_t, t):
         """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0) (DDPM eqs. 6-7)."""
         if x_start.shape != x_t.shape:
             raise ValueError(f"x_start {tuple(x_start.shape)} and x_t {tuple(x_t.shape)} must have the same shape.")
-        mean = (
-            _extract_into_tensor(self.posterior_mean_coef1, t, x_t) * x_start
-            + _extract_into_tensor(self.posterior_mean_coef2, t, x_t) * x_t
-        )
-        variance = _full(_extract_into_tensor(self.posterior_variance, t, x_t), x_t)
-        log_variance_clipped = _full(_extract_into_tensor(self.posterior_log_variance_clipped, t, x_t), x_t)
-        return mean, variance, log_variance_clipped
+        mean = self._at("posterior_coef_x0", t, x_t) * x_start + self._at("posterior_coef_xt", t, x_t) * x_t
+        variance = _full(self._at("posterior_var", t, x_t), x_t)
+        log_variance = _full(self._at("posterior_log_var", t, x_t), x_t)
+        return mean, variance, log_variance
 
     # ------------------------------------------------------------------ reverse process
+
+    def _split_output(self, output, x):
+        """The network's output as ``(prediction, variance values)``; the second is None for a fixed variance."""
+        C = x.shape[1]
+        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
+            _check_model_output(output, x, 2 * C, "learned variance (learn_sigma=True)")
+            return torch.split(output, C, dim=1)
+        _check_model_output(output, x, C, "a fixed variance (learn_sigma=False)")
+        return output, None
+
+    def _reverse_log_variance(self, var_values, x, t):
+        """log Sigma_theta of p(x_{t-1} | x_t): learned, interpolated, or one of the two fixed choices."""
+        if self.model_var_type == ModelVarType.LEARNED:
+            return var_values
+        if self.model_var_type == ModelVarType.LEARNED_RANGE:
+            # Improved DDPM eq. 15: Sigma = exp(v log beta_t + (1 - v) log beta_tilde_t) with the network's
+            # output mapped from [-1, 1] to v in [0, 1].
+            frac = (var_values + 1) / 2
+            return frac * self._at("log_beta", t, x) + (1 - frac) * self._at("posterior_log_var", t, x)
+        name = "large_log_var" if self.model_var_type == ModelVarType.FIXED_LARGE else "posterior_log_var"
+        return _full(self._at(name, t, x), x)
 
     def p_mean_variance(self, model, x, t, clip_denoised=True, denoised_fn=None, model_kwargs=None):
         """Apply the model to get p(x_{t-1} | x_t) and a prediction of x_0.
@@ -222,74 +274,44 @@ class GaussianDiffusion:
         :return: dict with ``mean``, ``variance``, ``log_variance``, ``pred_xstart`` and ``extra``
             (anything the model returned after its output in a tuple, else None).
         """
-        model = self._wrap_model(model)
         self._check_timesteps(t, x)
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        C = x.shape[1]
-        model_output = model(x, t, **model_kwargs)
+        output = self._run(model, x, t, model_kwargs)
         extra = None
-        if isinstance(model_output, tuple):
-            model_output, extra = model_output
+        if isinstance(output, tuple):
+            output, extra = output
+        return dict(self._reverse(output, x, t, clip_denoised, denoised_fn), extra=extra)
 
-        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
-            _check_model_output(model_output, x, 2 * C, "learned variance (learn_sigma=True)")
-            model_output, model_var_values = torch.split(model_output, C, dim=1)
-            if self.model_var_type == ModelVarType.LEARNED:
-                model_log_variance = model_var_values
-            else:
-                # Improved DDPM eq. 15: Sigma = exp(v log beta_t + (1 - v) log beta_tilde_t) with the
-                # network's output mapped from [-1, 1] to v in [0, 1].
-                min_log = _extract_into_tensor(self.posterior_log_variance_clipped, t, x)
-                max_log = _extract_into_tensor(np.log(self.betas), t, x)
-                frac = (model_var_values + 1) / 2
-                model_log_variance = frac * max_log + (1 - frac) * min_log
-            model_variance = torch.exp(model_log_variance)
+    def _reverse(self, output, x, t, clip_denoised=False, denoised_fn=None):
+        """p(x_{t-1} | x_t) from the network's ``output``: ``mean``, ``variance``, ``log_variance``, ``pred_xstart``."""
+        prediction, var_values = self._split_output(output, x)
+        log_variance = self._reverse_log_variance(var_values, x, t)
+        if self.model_var_type == ModelVarType.FIXED_LARGE:
+            variance = _full(self._at("large_var", t, x), x)
+        elif self.model_var_type == ModelVarType.FIXED_SMALL:
+            variance = _full(self._at("posterior_var", t, x), x)
         else:
-            _check_model_output(model_output, x, C, "a fixed variance (learn_sigma=False)")
-            if self.model_var_type == ModelVarType.FIXED_LARGE:
-                # sigma_t^2 = beta_t (DDPM Sec. 3.2), except that step 0 borrows beta_tilde of step 1, as the
-                # official code does, for a better decoder log-likelihood.
-                variance = self.betas.copy()
-                if self.num_timesteps > 1:
-                    variance[0] = self.posterior_variance[1]
-                log_variance = np.log(variance)
-            else:
-                variance, log_variance = self.posterior_variance, self.posterior_log_variance_clipped
-            model_variance = _full(_extract_into_tensor(variance, t, x), x)
-            model_log_variance = _full(_extract_into_tensor(log_variance, t, x), x)
+            variance = torch.exp(log_variance)
 
-        def process_xstart(x0):
+        def finish(x0):
             if denoised_fn is not None:
                 x0 = denoised_fn(x0)
             return x0.clamp(-1, 1) if clip_denoised else x0
 
         if self.model_mean_type == ModelMeanType.PREVIOUS_X:
-            pred_xstart = process_xstart(self._predict_xstart_from_xprev(x, t, model_output))
-            model_mean = model_output
+            x0, mean = finish(self._x0_from_mean(x, t, prediction)), prediction
         else:
-            if self.model_mean_type == ModelMeanType.START_X:
-                pred_xstart = process_xstart(model_output)
-            else:
-                pred_xstart = process_xstart(self._predict_xstart_from_eps(x, t, model_output))
+            predicts_x0 = self.model_mean_type == ModelMeanType.START_X
+            x0 = finish(prediction if predicts_x0 else self._x0_from_eps(x, t, prediction))
             # The mean of p is the posterior mean with the predicted x_0 plugged in (DDPM eq. 7 / 11).
-            model_mean, _, _ = self.q_posterior_mean_variance(pred_xstart, x, t)
-
-        return {
-            "mean": model_mean,
-            "variance": model_variance,
-            "log_variance": model_log_variance,
-            "pred_xstart": pred_xstart,
-            "extra": extra,
-        }
+            mean = self.q_posterior_mean_variance(x0, x, t)[0]
+        return {"mean": mean, "variance": variance, "log_variance": log_variance, "pred_xstart": x0}
 
     def condition_mean(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
         """Classifier guidance on the mean: mu + Sigma * grad log p(y | x_t) (Dhariwal & Nichol 2021, Alg. 1).
 
         ``cond_fn(x, t, **model_kwargs)`` returns that gradient.
         """
-        cond_fn = self._wrap_model(cond_fn)
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        gradient = cond_fn(x, t, **model_kwargs)
+        gradient = self._run(cond_fn, x, t, model_kwargs)
         return p_mean_var["mean"].float() + p_mean_var["variance"] * gradient.float()
 
     def condition_score(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
@@ -297,13 +319,11 @@ class GaussianDiffusion:
 
         Returns a copy of ``p_mean_var`` with ``pred_xstart`` and ``mean`` recomputed from the shifted eps.
         """
-        cond_fn = self._wrap_model(cond_fn)
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        alpha_bar = _extract_into_tensor(self.alphas_cumprod, t, x)
-        eps = self._predict_eps_from_xstart(x, t, p_mean_var["pred_xstart"])
-        eps = eps - (1 - alpha_bar).sqrt() * cond_fn(x, t, **model_kwargs)
+        alpha_bar = self._at("alpha_bar", t, x)
+        eps = self._eps_from_x0(x, t, p_mean_var["pred_xstart"])
+        eps = eps - (1 - alpha_bar).sqrt() * self._run(cond_fn, x, t, model_kwargs)
         out = dict(p_mean_var)
-        out["pred_xstart"] = self._predict_xstart_from_eps(x, t, eps)
+        out["pred_xstart"] = self._x0_from_eps(x, t, eps)
         out["mean"], _, _ = self.q_posterior_mean_variance(out["pred_xstart"], x, t)
         return out
 
@@ -363,9 +383,9 @@ class GaussianDiffusion:
         if cond_fn is not None:
             out = self.condition_score(cond_fn, out, x, t, model_kwargs)
         # Re-derive eps from the (possibly clipped) x_0 prediction so the two stay consistent.
-        eps = self._predict_eps_from_xstart(x, t, out["pred_xstart"])
-        alpha_bar = _extract_into_tensor(self.alphas_cumprod, t, x)
-        alpha_bar_prev = _extract_into_tensor(self.alphas_cumprod_prev, t, x)
+        eps = self._eps_from_x0(x, t, out["pred_xstart"])
+        alpha_bar = self._at("alpha_bar", t, x)
+        alpha_bar_prev = self._at("alpha_bar_prev", t, x)
         sigma = eta * torch.sqrt((1 - alpha_bar_prev) / (1 - alpha_bar)) * torch.sqrt(1 - alpha_bar / alpha_bar_prev)
         noise = torch.randn_like(x)
         mean_pred = out["pred_xstart"] * torch.sqrt(alpha_bar_prev) + torch.sqrt(1 - alpha_bar_prev - sigma**2) * eps
@@ -385,8 +405,8 @@ class GaussianDiffusion:
         out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
         if cond_fn is not None:
             out = self.condition_score(cond_fn, out, x, t, model_kwargs)
-        eps = self._predict_eps_from_xstart(x, t, out["pred_xstart"])
-        alpha_bar_next = _extract_into_tensor(self.alphas_cumprod_next, t, x)
+        eps = self._eps_from_x0(x, t, out["pred_xstart"])
+        alpha_bar_next = self._at("alpha_bar_next", t, x)
         mean_pred = out["pred_xstart"] * torch.sqrt(alpha_bar_next) + torch.sqrt(1 - alpha_bar_next) * eps
         return {"sample": mean_pred, "pred_xstart": out["pred_xstart"]}
 
@@ -448,24 +468,16 @@ class GaussianDiffusion:
 
     # ------------------------------------------------------------------ losses
 
-    def _vb_terms_bpd(self, model, x_start, x_t, t, clip_denoised=True, model_kwargs=None):
-        """One term of the variational bound, in bits per dimension (DDPM eq. 5).
-
-        L_{t-1} = KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t)) for t > 0, and the decoder negative
-        log-likelihood L_0 = -log p(x_0 | x_1) at t = 0 (DDPM eq. 13).
-
-        :return: dict with ``output`` (shape (N,)) and ``pred_xstart``.
-        """
-        true_mean, _, true_log_variance_clipped = self.q_posterior_mean_variance(x_start, x_t, t)
-        out = self.p_mean_variance(model, x_t, t, clip_denoised=clip_denoised, model_kwargs=model_kwargs)
-        kl = normal_kl(true_mean, true_log_variance_clipped, out["mean"], out["log_variance"])
-        kl = mean_flat(kl) / math.log(2.0)
-        decoder_nll = -discretized_gaussian_log_likelihood(
-            x_start, means=out["mean"], log_scales=0.5 * out["log_variance"]
-        )
-        decoder_nll = mean_flat(decoder_nll) / math.log(2.0)
-        output = torch.where(t == 0, decoder_nll, kl)
-        return {"output": output, "pred_xstart": out["pred_xstart"]}
+    def _vb_term(self, reverse, x_start, x_t, t):
+        """One term of the variational bound, in bits per dimension (DDPM eq. 5), for the reverse step
+        ``reverse`` (a :meth:`p_mean_variance` result): L_{t-1} = KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t))
+        for t > 0, and the decoder negative log-likelihood L_0 = -log p(x_0 | x_1) at t = 0 (DDPM eq. 13).
+        Shape (N,)."""
+        true_mean, _, true_log_variance = self.q_posterior_mean_variance(x_start, x_t, t)
+        kl = mean_flat(normal_kl(true_mean, true_log_variance, reverse["mean"], reverse["log_variance"]))
+        nll = -discretized_gaussian_log_likelihood(x_start, means=reverse["mean"],
+                                                   log_scales=0.5 * reverse["log_variance"])
+        return torch.where(t == 0, mean_flat(nll), kl) / math.log(2.0)
 
     def training_losses(self, model, x_start, t, model_kwargs=None, noise=None):
         """Training loss for each example of a batch, at the given timesteps.
@@ -482,48 +494,35 @@ class GaussianDiffusion:
         :return: dict of tensors of shape (N,): ``loss`` and, for MSE losses, ``mse`` (and ``vb`` when the
             variance is learned).
         """
-        model = self._wrap_model(model)
-        model_kwargs = {} if model_kwargs is None else model_kwargs
         if noise is None:
             noise = torch.randn_like(x_start)
         x_t = self.q_sample(x_start, t, noise=noise)
+        output = self._run(model, x_t, t, model_kwargs)
+        if self.loss_type.is_vb():
+            loss = self._vb_term(self._reverse(output, x_t, t), x_start, x_t, t)
+            return {"loss": loss * self.num_timesteps if self.loss_type == LossType.RESCALED_KL else loss}
 
         terms = {}
-        if self.loss_type.is_vb():
-            terms["loss"] = self._vb_terms_bpd(
-                model, x_start, x_t, t, clip_denoised=False, model_kwargs=model_kwargs
-            )["output"]
-            if self.loss_type == LossType.RESCALED_KL:
-                terms["loss"] = terms["loss"] * self.num_timesteps
-            return terms
-
-        model_output = model(x_t, t, **model_kwargs)
-        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
-            C = x_t.shape[1]
-            _check_model_output(model_output, x_t, 2 * C, "learned variance (learn_sigma=True)")
-            model_output, model_var_values = torch.split(model_output, C, dim=1)
+        prediction, var_values = self._split_output(output, x_t)
+        if var_values is not None:
             # Stop the gradient of L_vlb into the mean (Improved DDPM Sec. 3.1): the variance values keep
             # their graph, the mean prediction does not.
-            frozen_out = torch.cat([model_output.detach(), model_var_values], dim=1)
-            terms["vb"] = self._vb_terms_bpd(
-                lambda *args, r=frozen_out: r, x_start, x_t, t, clip_denoised=False
-            )["output"]
+            frozen = torch.cat([prediction.detach(), var_values], dim=1)
+            terms["vb"] = self._vb_term(self._reverse(frozen, x_t, t), x_start, x_t, t)
             if self.loss_type == LossType.RESCALED_MSE:
                 # L_vlb is a sum over T terms, L_simple a mean: keep their balance when T != 1000.
                 terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
-
         if self.model_mean_type == ModelMeanType.EPSILON:
             target = noise
         elif self.model_mean_type == ModelMeanType.START_X:
             target = x_start
         else:
             target = self.q_posterior_mean_variance(x_start, x_t, t)[0]
-        _check_model_output(model_output, x_t, x_t.shape[1], "the mean prediction")
-        terms["mse"] = mean_flat((target - model_output) ** 2)
+        terms["mse"] = mean_flat((target - prediction) ** 2)
         terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
         return terms
 
-    def _prior_bpd(self, x_start):
+    def _prior_term(self, x_start):
         """KL(q(x_T | x_0) || N(0, I)) in bits per dimension: the prior term L_T (DDPM eq. 5).
 
         It has no parameters, so it only matters for reporting the full bound.
@@ -544,14 +543,14 @@ class GaussianDiffusion:
             noise = torch.randn_like(x_start)
             x_t = self.q_sample(x_start, t, noise=noise)
             with torch.no_grad():
-                out = self._vb_terms_bpd(model, x_start, x_t, t, clip_denoised=clip_denoised, model_kwargs=model_kwargs)
-            vb.append(out["output"])
+                out = self.p_mean_variance(model, x_t, t, clip_denoised=clip_denoised, model_kwargs=model_kwargs)
+            vb.append(self._vb_term(out, x_start, x_t, t))
             xstart_mse.append(mean_flat((out["pred_xstart"] - x_start) ** 2))
-            eps = self._predict_eps_from_xstart(x_t, t, out["pred_xstart"])
+            eps = self._eps_from_x0(x_t, t, out["pred_xstart"])
             mse.append(mean_flat((eps - noise) ** 2))
         # As in the official code, column j holds timestep T-1-j (the order of the loop).
         vb, xstart_mse, mse = (torch.stack(v, dim=1) for v in (vb, xstart_mse, mse))
-        prior_bpd = self._prior_bpd(x_start)
+        prior_bpd = self._prior_term(x_start)
         return {
             "total_bpd": vb.sum(dim=1) + prior_bpd,
             "prior_bpd": prior_bpd,

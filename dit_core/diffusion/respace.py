@@ -5,14 +5,15 @@ k_1 < k_2 < ... < k_S and build a new, shorter diffusion whose cumulative produc
 alpha_bar'_i = alpha_bar_{k_i}. Its betas follow from beta'_i = 1 - alpha_bar_{k_i} / alpha_bar_{k_{i-1}}
 (Nichol & Dhariwal 2021, Sec. 4; Song et al. 2021, Sec. 4.2 for DDIM).
 
-The network still expects the original step numbers, so the model is wrapped: step i of the short
-process calls the model with k_i. Timesteps are passed as integers, unscaled (DiT's convention).
+The network still expects the original step numbers: step i of the short process calls the model with k_i
+(the map is held as a tensor on each device it is used on). Timesteps are passed as integers, unscaled (DiT's
+convention).
 """
 
 import numpy as np
 import torch
 
-from .gaussian import GaussianDiffusion
+from .gaussian import GaussianDiffusion, schedule_arrays
 
 
 def space_timesteps(num_timesteps, section_counts):
@@ -96,33 +97,21 @@ class SpacedDiffusion(GaussianDiffusion):
     """
 
     def __init__(self, use_timesteps, **kwargs):
+        trained = schedule_arrays(kwargs.pop("betas"))
+        self.original_num_steps = len(trained["beta"])
         self.use_timesteps = set(int(k) for k in use_timesteps)
-        self.original_num_steps = len(kwargs["betas"])
         if not self.use_timesteps or min(self.use_timesteps) < 0 or max(self.use_timesteps) >= self.original_num_steps:
             raise ValueError(
                 f"use_timesteps must be a non-empty set of indices in 0..{self.original_num_steps - 1}."
             )
-        base = GaussianDiffusion(**kwargs)
         self.timestep_map = sorted(self.use_timesteps)
-        kept = base.alphas_cumprod[self.timestep_map]
-        previous = np.append(1.0, kept[:-1])
-        kwargs["betas"] = 1.0 - kept / previous
-        super().__init__(**kwargs)
+        kept = trained["alpha_bar"][self.timestep_map]
+        super().__init__(betas=1.0 - kept / np.append(1.0, kept[:-1]), **kwargs)
+        self._step_maps: dict = {}  # (device, dtype) -> timestep_map as a tensor there
 
-    def _wrap_model(self, model):
-        if isinstance(model, _WrappedModel):
-            return model
-        return _WrappedModel(model, self.timestep_map, self.original_num_steps)
-
-
-class _WrappedModel:
-    """Calls ``model`` with original timestep indices: ``model(x, timestep_map[t], **kwargs)``."""
-
-    def __init__(self, model, timestep_map, original_num_steps):
-        self.model = model
-        self.timestep_map = timestep_map
-        self.original_num_steps = original_num_steps
-
-    def __call__(self, x, ts, **kwargs):
-        map_tensor = torch.tensor(self.timestep_map, device=ts.device, dtype=ts.dtype)
-        return self.model(x, map_tensor[ts], **kwargs)
+    def _model_steps(self, t):
+        """Step i of this shorter process is step ``timestep_map[i]`` of the one the model was trained on."""
+        key = (t.device, t.dtype)
+        if key not in self._step_maps:
+            self._step_maps[key] = torch.tensor(self.timestep_map, dtype=t.dtype, device=t.device)
+        return self._step_maps[key][t]

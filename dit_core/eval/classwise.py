@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..evaluate import frechet_distance_features, to_float_images
+from .fid import frechet_distance_features
+from .samples import to_float_images
 
 
 def map_labels(model_classes, judge_classes) -> list[int]:
@@ -107,7 +108,8 @@ class _DigitsJudge:
     classes = [str(d) for d in range(10)]
 
     def __init__(self):
-        digits = _digits_module()
+        from . import digits
+
         self._clf = digits.classifier()
         self._load = digits.load_real_digits
         self.val_accuracy = self._clf.val_accuracy
@@ -122,13 +124,6 @@ class _DigitsJudge:
         return self._load(split)
 
 
-def _digits_module():
-    """The digits classifier's module, where it lives before and after the package restructure."""
-    try:
-        from . import digits  # dit_core/eval/digits.py after the restructure
-    except ImportError:
-        from .. import digits_eval as digits
-    return digits
 
 
 def digits_judge() -> _DigitsJudge:

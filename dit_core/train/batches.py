@@ -116,8 +116,8 @@ class SeededItems(torch.utils.data.Dataset):
         index, seed = item
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            x, y = self.dataset[index]
-        return x, int(y)
+            x, y, *extra = self.dataset[index]  # extra: e.g. the teacher features that come with a latent
+        return (x, int(y), *extra)
 
 
 class MicroBatches:

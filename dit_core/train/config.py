@@ -5,9 +5,10 @@ no weight decay, global batch 256, EMA 0.9999, label dropout 0.1, linear schedul
 *profile* (``dit_core/configs/<name>.yaml``) changes some of them for a machine or a dataset; the command line
 changes any of them again. The resolved record is written to ``<out>/config.yaml`` and into every checkpoint.
 
-Names follow this library; the spellings of the official ``train.py``, fast-DiT and the single-GPU tutorials
-are accepted as aliases (:data:`ALIASES`), with hyphens and underscores alike. An unknown name is an error
-that suggests the nearest known one.
+Names follow this library, with hyphens and underscores alike; the spellings of the official ``train.py`` and
+of the single-GPU tutorials are accepted too (:data:`ALIASES`). Values are read by the fields' types (a field
+typed with ``Literal`` takes one of its choices). An unknown name is an error that suggests the nearest known
+ones.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
 from ..atomic import atomic_write_text
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 def _f(default, help: str):
@@ -49,7 +50,7 @@ class TrainConfig:
     flip: bool = _f(True, "random horizontal flips (the paper's only augmentation); off for digits")
     class_cond: bool = _f(True, "class-conditional (classes from the dataset folders); false: unconditional")
     num_workers: int = _f(4, "DataLoader worker processes (0: load in the training process)")
-    preload: str = _f("auto", "keep the whole dataset in memory: auto (small, deterministic datasets), "
+    preload: Literal["auto", "true", "false"] = _f("auto", "keep the whole dataset in memory: auto (small, deterministic datasets), "
                               "true, false")
     subset: int = _f(0, "train on the first N images only (0: all)")
 
@@ -61,31 +62,59 @@ class TrainConfig:
     patch_size: int | None = _f(None, "patch side p (default: from model)")
     learn_sigma: bool = _f(True, "predict the variance too (hybrid loss, as DiT)")
     class_dropout_prob: float = _f(0.1, "label dropout for classifier-free guidance")
-    attn_backend: str = _f("sdpa", "attention kernel: sdpa, math, xformers")
+    attn_backend: Literal["sdpa", "math", "xformers"] = _f("sdpa", "attention kernel: sdpa, math, xformers")
     grad_checkpointing: bool | int = _f(False, "recompute block activations in backward: true (all "
                                                "blocks), false, or the number of blocks counted from the first")
 
     # -- diffusion ----------------------------------------------------------------------------------------
     diffusion_steps: int = _f(1000, "T of the forward process")
-    noise_schedule: str = _f("linear", "beta schedule: linear (DiT) or squaredcos_cap_v2")
+    noise_schedule: Literal["linear", "squaredcos_cap_v2", "cosine"] = _f("linear", "beta schedule: linear (DiT) or squaredcos_cap_v2")
+
+    # -- converging faster (dit_core.train.objectives; each off by default: DiT's own recipe) ---------------
+    objective: Literal["ddpm", "flow"] = _f("ddpm", "ddpm: DiT's noise prediction and hybrid loss; flow: the linear "
+                                                    "interpolant with velocity prediction (SiT; needs --learn-sigma "
+                                                    "false, samples with euler/heun/euler-maruyama)")
+    timestep_sampling: Literal["uniform", "logit_normal"] = _f("uniform", "training times: uniform, or logit_normal "
+                                                                        "t = sigmoid(n), n ~ N(logit_mean, logit_std) "
+                                                                        "(SD3); ddpm uses step floor(t T)")
+    logit_mean: float = _f(0.0, "mean of n for logit_normal timestep sampling")
+    logit_std: float = _f(1.0, "standard deviation of n for logit_normal timestep sampling")
+    loss_weighting: Literal["none", "min_snr"] = _f("none", "none, or min_snr: weight min(SNR, gamma)/SNR on the "
+                                                            "noise MSE (its velocity form with flow)")
+    min_snr_gamma: float = _f(5.0, "gamma of min_snr loss weighting")
+    mask_ratio: float = _f(0.0, "share of tokens dropped from the encoder blocks in training (MaskDiT: 0.5; 0: off)")
+    mask_decoder_depth: int = _f(1, "with masking: the last N DiT blocks act as the decoder that sees all tokens")
+    mae_weight: float = _f(0.1, "with masking: weight of the reconstruction loss on the masked tokens")
+    mask_finetune_steps: int = _f(0, "with masking: train the last N steps without masking")
+    repa_weight: float = _f(0.0, "weight of representation alignment (REPA: 0.5; 0: off)")
+    repa_depth: int = _f(8, "REPA: align the tokens after this block (counted from 1; REPA: 8 for XL, 4 for B)")
+    repa_projector_dim: int = _f(2048, "REPA: hidden width of the projector MLP")
+    repa_teacher: str = _f("auto", "REPA's teacher: auto (pixels: cnn; latents: the one feature set extracted "
+                                   "beside them), cnn (a small CNN fitted on the training images), a "
+                                   "dinov2-vit?14 name or .pth (pixels), or a feature folder (latents)")
 
     # -- optimisation -------------------------------------------------------------------------------------
     max_steps: int = _f(400_000, "optimizer steps to train for (the run ends there)")
     batch_size: int = _f(256, "global batch: images per optimizer step, over all processes and accumulation")
     grad_accum: int = _f(1, "micro-batches accumulated per step; micro-batch = batch_size / (grad_accum x "
                             "processes)")
+    optimizer: Literal["adamw", "adamw8bit"] = _f("adamw", "adamw (PyTorch's, as the paper) or adamw8bit "
+                                                  "(bitsandbytes' 8-bit AdamW, 6 bytes per parameter less; "
+                                                  "pip install -e \".[lowmem]\")")
     lr: float = _f(1e-4, "AdamW learning rate (peak, after warmup)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_betas: list = _f([0.9, 0.999], "AdamW betas")
-    lr_schedule: str = _f("constant", "constant (official) or cosine (decay to min_lr at max_steps)")
+    lr_schedule: Literal["constant", "cosine"] = _f("constant", "constant (official) or cosine (decay to min_lr at max_steps)")
     warmup_steps: int = _f(0, "linear learning-rate warmup from 0 over this many steps")
     min_lr: float = _f(0.0, "final learning rate of the cosine schedule")
     grad_clip: float = _f(0.0, "clip the global gradient norm to this value (0: no clipping)")
-    fused_adam: str = _f("auto", "fused AdamW kernel: auto (when the device supports it), true, false")
+    fused_adam: Literal["auto", "true", "false"] = _f("auto", "fused AdamW kernel: auto (when the device supports it), true, false")
     ema_decay: float = _f(0.9999, "decay of the exponential moving average of the weights")
     ema_warmup: bool = _f(False, "ramp the EMA decay as min(decay, (1+n)/(10+n)) for short runs")
-    ema_device: str = _f("same", "where the EMA weights live: same (as the model) or cpu (saves GPU memory)")
-    mixed_precision: str = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 on GPUs that "
+    ema_device: Literal["same", "cpu"] = _f("same", "where the EMA weights live: same (as the model) or cpu (saves GPU memory)")
+    ema_every: int = _f(1, "update the EMA every N optimizer steps with the decay raised to N (the same "
+                           "average; cheaper with the EMA on the CPU)")
+    mixed_precision: Literal["auto", "bf16", "fp16", "fp32"] = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 on GPUs that "
                                       "have it and on CPUs with AMX/AVX512-BF16, fp16 on older GPUs, else fp32")
     tf32: bool = _f(True, "allow TF32 matmuls on Ampere and newer GPUs")
     compile: bool = _f(False, "torch.compile the model")
@@ -100,13 +129,17 @@ class TrainConfig:
                                    "checkpoint path")
     log_every: int = _f(100, "steps between log lines and metric records")
     ckpt_every: int = _f(5000, "steps between checkpoints (last.pt; the last step is always saved)")
+    ckpt_every_minutes: float = _f(0.0, "also save last.pt when this many minutes passed since the last save "
+                                        "(0: off); SIGTERM, SIGUSR1 and Ctrl-C save and stop in any case")
     keep_every: int = _f(0, "also keep a copy checkpoints/step_XXXXXXX.pt every N steps (0: never)")
     sample_every: int = _f(0, "steps between sample grids from the EMA model (0: only at the end)")
     sample_at_end: bool = _f(True, "write a sample grid when the run ends")
     sample_classes: list | None = _f(None, "classes shown in the sample grids (default: up to 10)")
     sample_per_class: int = _f(4, "samples per class in the grids")
     sample_steps: int = _f(50, "sampler steps for the grids")
-    sample_sampler: str = _f("ddim", "sampler for the grids: ddim, ddpm or dpm-solver++")
+    sample_sampler: Literal["ddim", "ddpm", "dpm-solver++", "euler", "heun", "euler-maruyama"] = _f(
+        "ddim", "sampler for the grids: ddim, ddpm or dpm-solver++; with objective flow: euler (= ddim), heun or "
+                "euler-maruyama")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
@@ -116,45 +149,24 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Aliases: the spellings of the official code, fast-DiT, diffusers/accelerate tutorials
+# Other spellings, and values read by the fields' types
 # ----------------------------------------------------------------------------------------------------------
 
+#: The names users bring: the official ``train.py``'s flags and the single-GPU tutorials' flags and YAML keys.
 ALIASES = {
-    "data_dir": "data_path", "train_data_dir": "data_path", "dataset": "data_path",
-    "feature_path": "latents_path", "features_path": "latents_path", "latent_path": "latents_path",
-    "latents_dir": "latents_path",
-    "resolution": "image_size",
-    "global_batch_size": "batch_size", "train_batch_size": "batch_size",
-    "gradient_accumulation_steps": "grad_accum", "accumulation_steps": "grad_accum", "accum": "grad_accum",
-    "use_checkpoint": "grad_checkpointing", "gradient_checkpointing": "grad_checkpointing",
-    "checkpointing": "grad_checkpointing",
-    "learning_rate": "lr",
-    "max_train_steps": "max_steps", "train_steps": "max_steps",
-    "lr_warmup_steps": "warmup_steps", "lr_scheduler": "lr_schedule",
-    "max_grad_norm": "grad_clip", "clip_grad": "grad_clip",
-    "ema": "ema_decay",
-    "precision": "mixed_precision", "amp": "mixed_precision",
-    "global_seed": "seed",
-    "results_dir": "out", "output_dir": "out", "outdir": "out",
-    "ckpt_every_steps": "ckpt_every", "checkpointing_steps": "ckpt_every", "save_every": "ckpt_every",
-    "resume_from_checkpoint": "resume",
-    "cfg_scale": "sample_cfg_scale",
-    "torch_compile": "compile", "use_compile": "compile",
-    "allow_tf32": "tf32",
-    "workers": "num_workers",
-    "num_sampling_steps": "sample_steps",
-    "unconditional": None,  # handled below: --unconditional means class_cond false
+    "global_batch_size": "batch_size", "results_dir": "out", "global_seed": "seed",  # official train.py
+    "gradient_accumulation_steps": "grad_accum", "gradient_accumulation": "grad_accum",  # the tutorials
+    "use_checkpoint": "grad_checkpointing", "base_lr": "lr", "ema_rate": "ema_decay",
 }
 
-# Values of mixed_precision in other spellings (accelerate uses "no").
-PRECISION_ALIASES = {"no": "fp32", "none": "fp32", "float32": "fp32", "32": "fp32", "bfloat16": "bf16",
-                     "float16": "fp16", "half": "fp16", "16": "fp16"}
-
-# Official flags with no meaning here, and what to use instead.
+#: Flags of the official code and the tutorials with no meaning here, and what to use instead.
 REPLACED = {
     "epochs": "this trainer counts optimizer steps: use --max-steps",
     "num_classes": "the class count comes from the dataset (its class folders); use --class-cond false to "
                    "train unconditionally",
+    "single_gpu": "dit-train runs one process unless torchrun starts several; drop the flag",
+    "dropout": "DiT has no dropout layers; the label dropout of classifier-free guidance is --class-dropout-prob",
+    "feature_path": "pre-extracted latents are --latents-path here (a dit-extract-latents folder)",
 }
 
 
@@ -168,83 +180,32 @@ def field_names() -> list[str]:
 
 def canonical(key: str) -> str:
     """Map a user spelling (``--data-path``, ``gradient_accumulation_steps``) to the field name, or raise a
-    :class:`ConfigError` that names the nearest known key."""
-    name = key.lstrip("-").replace("-", "_").strip()
-    if name in ALIASES and ALIASES[name] is not None:
-        name = ALIASES[name]
+    :class:`ConfigError` that names the nearest known keys."""
+    name = ALIASES.get(key.lstrip("-").replace("-", "_").strip(), key.lstrip("-").replace("-", "_").strip())
     if name in field_names():
         return name
     if name in REPLACED:
         raise ConfigError(f"unknown config key {key!r}: {REPLACED[name]}")
-    candidates = field_names() + [a for a, v in ALIASES.items() if v is not None]
-    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+    close = difflib.get_close_matches(name, field_names() + list(ALIASES), n=3, cutoff=0.6)
     if not close:  # a long key that contains a known one, e.g. "ema_decay_rate"
         close = [c for c in field_names() if c in name or name in c][:3]
     hint = f"; did you mean {' or '.join('--' + c.replace('_', '-') for c in close)}?" if close else ""
     raise ConfigError(f"unknown config key {key!r}{hint} (dit-train --help lists every key)")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Values
-# ----------------------------------------------------------------------------------------------------------
-
-_TRUE = {"true", "yes", "on", "y"}
-_FALSE = {"false", "no", "off", "n"}
-_NONE = {"none", "null", "~", ""}
-
-
 def _types(name: str) -> tuple:
+    """The types a field takes: the members of a union, or the one type (a ``Literal`` stays itself)."""
     hint = typing.get_type_hints(TrainConfig)[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return tuple(typing.get_args(hint))
-    return (typing.get_origin(hint) or hint,)
+    return (hint,) if typing.get_origin(hint) is Literal else (typing.get_origin(hint) or hint,)
 
 
-def coerce(name: str, value):
-    """Turn ``value`` (a string from the command line, or a YAML value) into the type of field ``name``."""
-    allowed = _types(name)
-    text = value.strip() if isinstance(value, str) else None
-    low = text.lower() if text is not None else None
-    if type(None) in allowed and (value is None or low in _NONE):
-        return None
-    if name == "mixed_precision" and isinstance(value, (str, int)):
-        value = PRECISION_ALIASES.get(str(value).lower(), str(value).lower())
-        if value not in PRECISIONS:
-            raise ConfigError(f"mixed_precision must be one of {', '.join(PRECISIONS)} (or 'no'), got {value!r}")
-        return value
-    if bool in allowed:
-        if isinstance(value, bool):
-            return value
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-    if int in allowed and not isinstance(value, bool):
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        try:
-            return int(text.replace("_", "")) if text is not None else int(value)
-        except (TypeError, ValueError):
-            pass
-    if float in allowed and not isinstance(value, bool):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    if list in allowed:
-        if isinstance(value, (list, tuple)):
-            return [_scalar(v) for v in value]
-        if text is not None:
-            return [_scalar(v) for v in text.strip("[]").replace(",", " ").split()]
-    if str in allowed and isinstance(value, (str, int, float, os.PathLike)) and not isinstance(value, bool):
-        return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-    kinds = " or ".join(sorted({t.__name__ if t is not type(None) else "none" for t in allowed}))
-    raise ConfigError(f"config key {name!r} takes {kinds}, got {value!r}")
+_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
 def _scalar(v):
+    """A list item: text becomes an int or a float where it reads as one; other values stay as they are."""
     if isinstance(v, str):
         for cast in (int, float):
             try:
@@ -252,6 +213,52 @@ def _scalar(v):
             except ValueError:
                 pass
     return v
+
+
+def _as(kind, value):
+    """``value`` as ``kind`` (a type, or a ``Literal`` of choices); ValueError when it is not one."""
+    text = value.strip() if isinstance(value, str) else None
+    if typing.get_origin(kind) is Literal:
+        if str(value).strip().lower() not in typing.get_args(kind):
+            raise ValueError
+        return str(value).strip().lower()
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if text is not None and text.lower() in _WORDS:
+            return _WORDS[text.lower()]
+        raise ValueError
+    if isinstance(value, bool):  # True is an int in Python, but not a number of steps
+        raise ValueError
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return int(text.replace("_", "")) if text is not None else int(value)
+    if kind is float:
+        return float(value)
+    if kind is list:
+        items = value if isinstance(value, (list, tuple)) else text.strip("[]").replace(",", " ").split()
+        return [_scalar(v) for v in items]
+    if kind is str and isinstance(value, (str, int, float, os.PathLike)):
+        return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    raise ValueError
+
+
+def coerce(name: str, value):
+    """Turn ``value`` (a string from the command line, or a YAML value) into the type of field ``name``."""
+    kinds = _types(name)
+    if type(None) in kinds and (value is None or str(value).strip().lower() in ("none", "null", "~", "")):
+        return None
+    for kind in kinds:
+        try:
+            return _as(kind, value)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    choices = [c for k in kinds if typing.get_origin(k) is Literal for c in typing.get_args(k)]
+    if choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    names = sorted({k.__name__ if k is not type(None) else "none" for k in kinds})
+    raise ConfigError(f"config key {name!r} takes {' or '.join(names)}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -297,9 +304,6 @@ def make_config(profile: str | os.PathLike | None = None, overrides: dict | None
     sources.append(overrides or {})
     for source in sources:
         for key, value in source.items():
-            if str(key).lstrip("-").replace("-", "_") == "unconditional":
-                values["class_cond"] = not coerce("class_cond", value)
-                continue
             name = canonical(str(key))
             values[name] = coerce(name, value)
     cfg = TrainConfig(**values)
@@ -308,7 +312,8 @@ def make_config(profile: str | os.PathLike | None = None, overrides: dict | None
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Clear errors for settings that cannot work together."""
+    """Clear errors for values out of range and settings that cannot work together (the choices of ``Literal``
+    fields are checked when the values are read, by :func:`coerce`)."""
     problems = []
     if cfg.batch_size < 1 or cfg.grad_accum < 1:
         problems.append(f"batch_size ({cfg.batch_size}) and grad_accum ({cfg.grad_accum}) must be >= 1")
@@ -320,26 +325,43 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"log_every ({cfg.log_every}) and ckpt_every ({cfg.ckpt_every}) must be >= 1")
     if cfg.sample_every < 0 or cfg.keep_every < 0 or cfg.subset < 0:
         problems.append("sample_every, keep_every and subset must be >= 0 (0 switches them off)")
-    if cfg.lr_schedule not in ("constant", "cosine"):
-        problems.append(f"lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
+    if cfg.ema_every < 1:
+        problems.append(f"ema_every must be >= 1 (1: every step), got {cfg.ema_every}")
+    if cfg.ckpt_every_minutes < 0:
+        problems.append(f"ckpt_every_minutes must be >= 0 (0 switches it off), got {cfg.ckpt_every_minutes}")
     if not 0.0 <= cfg.ema_decay < 1.0:
         problems.append(f"ema_decay must be in [0, 1), got {cfg.ema_decay}")
-    if cfg.ema_device not in ("same", "cpu"):
-        problems.append(f"ema_device must be 'same' or 'cpu', got {cfg.ema_device!r}")
     if cfg.channels not in (1, 3):
         problems.append(f"channels must be 1 (grayscale) or 3 (RGB), got {cfg.channels}")
-    if cfg.sample_sampler not in ("ddim", "ddpm", "dpm-solver++"):
-        problems.append(f"sample_sampler must be 'ddim', 'ddpm' or 'dpm-solver++', got {cfg.sample_sampler!r}")
-    if cfg.preload not in ("auto", "true", "false"):
-        problems.append(f"preload must be auto, true or false, got {cfg.preload!r}")
-    if cfg.fused_adam not in ("auto", "true", "false"):
-        problems.append(f"fused_adam must be auto, true or false, got {cfg.fused_adam!r}")
     if len(cfg.adam_betas) != 2:
         problems.append(f"adam_betas needs two numbers, got {cfg.adam_betas}")
     if not 0.0 <= cfg.class_dropout_prob < 1.0:
         problems.append(f"class_dropout_prob must be in [0, 1), got {cfg.class_dropout_prob}")
+    problems += _objective_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def _objective_problems(cfg: TrainConfig) -> list[str]:
+    """The settings of :mod:`dit_core.train.objectives` that cannot work, each with its fix."""
+    problems = []
+    if cfg.objective == "flow" and cfg.learn_sigma:
+        problems.append("objective flow predicts a velocity and learns no variance: add --learn-sigma false")
+    flow_samplers = ("euler", "heun", "euler-maruyama", "ddim")
+    if cfg.objective == "flow" and cfg.sample_sampler not in flow_samplers:
+        problems.append(f"sample_sampler {cfg.sample_sampler} samples DDPM models; objective flow samples with "
+                        "euler (= ddim), heun or euler-maruyama")
+    if cfg.objective == "ddpm" and cfg.sample_sampler in ("euler", "heun", "euler-maruyama"):
+        problems.append(f"sample_sampler {cfg.sample_sampler} samples objective flow; use ddim, ddpm or dpm-solver++")
+    if cfg.logit_std <= 0 or cfg.min_snr_gamma <= 0:
+        problems.append(f"logit_std ({cfg.logit_std}) and min_snr_gamma ({cfg.min_snr_gamma}) must be > 0")
+    if not 0.0 <= cfg.mask_ratio < 1.0:
+        problems.append(f"mask_ratio must be in [0, 1), got {cfg.mask_ratio}")
+    if cfg.mask_decoder_depth < 1 or cfg.mask_finetune_steps < 0 or cfg.mae_weight < 0:
+        problems.append("mask_decoder_depth must be >= 1, mask_finetune_steps and mae_weight >= 0")
+    if cfg.repa_weight < 0 or cfg.repa_depth < 1 or cfg.repa_projector_dim < 1:
+        problems.append("repa_weight must be >= 0, repa_depth and repa_projector_dim >= 1")
+    return problems
 
 
 def to_dict(cfg: TrainConfig) -> dict:
@@ -362,5 +384,5 @@ def help_text() -> str:
     for f in dataclasses.fields(TrainConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         lines.append(f"  --{f.name.replace('_', '-'):<22} {f.metadata['help']} [default: {default}]")
-    aliases = ", ".join(f"--{a}" for a, v in sorted(ALIASES.items()) if v is not None)
-    return "\n".join(lines) + f"\n\nAlso accepted (other spellings): {aliases}, --unconditional"
+    aliases = ", ".join(f"--{a.replace('_', '-')} (= --{f.replace('_', '-')})" for a, f in ALIASES.items())
+    return "\n".join(lines) + f"\n\nAlso accepted, the spellings of the official code and the tutorials: {aliases}"

@@ -1,6 +1,6 @@
 """Beyond one GPU: the same training loop in several processes with DistributedDataParallel (DDP).
 
-``torchrun --nproc_per_node N -m dit_core.train.cli ...`` starts N copies of the trainer and sets ``RANK``,
+``torchrun --nproc_per_node N -m dit_core.train ...`` starts N copies of the trainer and sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous address in their environment. Each process then
 
 1. joins the process group (NCCL between GPUs, gloo on the CPU) and takes GPU ``LOCAL_RANK``;
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..runtime import resolve_device
+
 
 @dataclass
 class Processes:
@@ -47,23 +49,6 @@ class Processes:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto``: the GPU if there is one (``cuda:LOCAL_RANK`` under torchrun), else Apple's MPS, else the CPU."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA GPU here; use --device cpu")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-    return device
 
 
 def setup(device: str = "auto") -> Processes:

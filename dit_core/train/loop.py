@@ -1,79 +1,63 @@
 """The DiT training loop, top to bottom (Peebles & Xie 2023, Sec. 4 "Training"; the official ``train.py``).
 
 :func:`train` reads like a script: set up the processes and the device, open the data, build the model,
-its EMA, AdamW and the diffusion, resume if asked, then repeat for every step:
+its EMA, AdamW, the diffusion and the training step, resume if asked, then repeat for every step:
 
 1. set the learning rate (optional warmup and cosine decay; the official run keeps 1e-4 constant);
-2. draw the step's random numbers (timesteps, noise, label drops) from ``(seed, step)``;
-3. for each micro-batch: drop labels to the null class (classifier-free guidance), compute the hybrid loss
-   (``diffusion.training_losses``: MSE on the noise + the variational bound for the variance) under
-   autocast, and backpropagate ``loss / grad_accum``; gradients add up, so ``grad_accum`` micro-batches of
-   ``m`` give the gradient of one batch of ``grad_accum * m``;
-4. unscale (fp16), clip, and check for NaN/Inf; apply the AdamW step and update the EMA, or skip the step;
-5. log; save a checkpoint every ``ckpt_every`` steps; write a sample grid every ``sample_every`` steps.
+2. run the step (:class:`dit_core.train.step.TrainStep`): draw its random numbers (timesteps, noise, label
+   drops) from ``(seed, step)``; for each micro-batch drop labels to the null class (classifier-free
+   guidance), compute the hybrid loss under autocast and backpropagate ``loss / grad_accum``; then unscale
+   (fp16), clip, check for NaN/Inf, and apply the AdamW step and the EMA update, or skip the step;
+3. log; save a checkpoint every ``ckpt_every`` steps (and every ``ckpt_every_minutes``); write a sample grid
+   every ``sample_every`` steps; after SIGTERM, SIGUSR1 or Ctrl-C, save and stop (:mod:`.preempt`).
 
-The helpers above :func:`train` make the decisions one at a time (which precision, which data, which
-model); each is a few lines long.
+The loop reads numbers from the device only when it logs, saves or stops (:mod:`.guard` explains why), and
+a checkpoint is a pure function of (config, seed, step): every random number comes from ``(seed, step)``, and
+the global generators of torch, numpy and Python are seeded from the seed (per process) and stored, so a
+resumed run stores exactly what an uninterrupted one does.
+
+The helpers above :func:`train` make the decisions one at a time (which data, which model, which step);
+each is a few lines long.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
+import random
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ..diffusion import create_diffusion
+from ..atomic import DiskFullError, atomic_write_text
+from ..diffusion import create_process
 from ..models import DiT, model_kwargs
+from ..runtime import resolve_precision, set_tf32
 from . import distributed
-from .batches import DataOrder, MicroBatches, SeededItems, micro_slice, step_draws
+from .batches import DataOrder, MicroBatches, SeededItems, derive_seed
 from .config import ConfigError, TrainConfig, save_yaml, to_dict
-from .ema import create_ema, ema_decay_at, update_ema
-from .guard import NanGuard, TrainingDiverged
+from .ema import create_ema
+from .guard import TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
+from .objectives import build_objective
+from .preempt import StopSignals, ignore_stop_signals
 from .state import load_checkpoint, save_checkpoint
+from .step import StepOptions, TrainStep, compile_blocks
 
 # ----------------------------------------------------------------------------------------------------------
 # Decisions, one at a time
 # ----------------------------------------------------------------------------------------------------------
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with AMX or AVX-512 BF16 instructions, where oneDNN runs bf16 matmuls natively."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if amx is not None and amx():
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_precision(name: str, device: torch.device) -> str:
-    """``auto``: bf16 on GPUs that support it (Ampere and newer) and on CPUs with native bf16, fp16 with a
-    gradient scaler on older GPUs, fp32 elsewhere. An explicit choice is checked against the device."""
-    if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "cpu" and cpu_has_fast_bf16():
-            return "bf16"
-        return "fp32"
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("this GPU has no bf16 support (it predates Ampere); use --mixed-precision fp16")
-    return name
-
-
-def autocast(device: torch.device, precision: str):
-    """Mixed precision: matmuls in bf16/fp16, reductions and the loss in fp32; weights stay fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+def step_options(cfg: TrainConfig, precision: str) -> StepOptions:
+    """How the training step runs, from the config (and the precision chosen for this device)."""
+    return StepOptions(grad_accum=cfg.grad_accum, precision=precision, grad_clip=cfg.grad_clip,
+                       max_bad_steps=cfg.max_bad_steps, ema_decay=cfg.ema_decay, ema_warmup=cfg.ema_warmup,
+                       ema_every=cfg.ema_every)
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -143,28 +127,64 @@ def is_deterministic(dataset) -> bool:
     return not getattr(base, "flip", False) and not getattr(base, "sample", False)
 
 
-def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
-    """The DiT for this data: a named configuration with the config's overrides, sized to the data."""
+def dit_arguments(cfg: TrainConfig, sample_shape, num_classes: int) -> dict:
+    """The DiT's constructor arguments for this data: a named configuration with the config's overrides,
+    sized to the data (its sample shape and class count)."""
     kwargs = model_kwargs(cfg.model)
     for key in ("depth", "hidden_size", "num_heads", "patch_size"):
         if getattr(cfg, key) is not None:
             kwargs[key] = getattr(cfg, key)
     channels, size, _ = sample_shape
-    return DiT(
-        input_size=size, in_channels=channels, num_classes=num_classes,
-        class_dropout_prob=cfg.class_dropout_prob if num_classes else 0.0,
-        learn_sigma=cfg.learn_sigma, attn_backend=cfg.attn_backend, grad_checkpointing=cfg.grad_checkpointing,
-        **kwargs,
-    )
+    return dict(kwargs, input_size=size, in_channels=channels, num_classes=num_classes,
+                class_dropout_prob=cfg.class_dropout_prob if num_classes else 0.0, learn_sigma=cfg.learn_sigma)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
+    """The DiT for this data (:func:`dit_arguments`), with the configured attention and checkpointing."""
+    return DiT(**dit_arguments(cfg, sample_shape, num_classes), attn_backend=cfg.attn_backend,
+               grad_checkpointing=cfg.grad_checkpointing)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
-    tensor instead of one per operation: ~4x faster on the CPU, measured) where the device has it."""
-    fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
+    tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
+    device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
+    2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw8bit":
+        bnb = import_bitsandbytes()
+        # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0
+        return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=1e-8,
+                                   weight_decay=cfg.weight_decay)
+    fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
                              fused=fused or None)
+
+
+def import_bitsandbytes():
+    """bitsandbytes, or a :class:`ConfigError` that says how to install it."""
+    try:
+        with warnings.catch_warnings():  # its import warns about torch internals it uses
+            warnings.simplefilter("ignore")
+            import bitsandbytes
+    except ImportError:
+        raise ConfigError(
+            "--optimizer adamw8bit needs bitsandbytes, which is not installed: pip install -e \".[lowmem]\" "
+            "(or pip install bitsandbytes); or train with --optimizer adamw"
+        ) from None
+    except Exception as err:  # noqa: BLE001 - a broken install (missing CUDA libraries, ...)
+        raise ConfigError(f"--optimizer adamw8bit: bitsandbytes does not load here ({type(err).__name__}: "
+                          f"{err}); reinstall it (pip install -e \".[lowmem]\") or use --optimizer adamw") from None
+    return bitsandbytes
+
+
+def seed_global_generators(seed: int, rank: int) -> None:
+    """Seed torch's, numpy's and Python's global generators from the run's seed, one stream per process: the
+    training draws its numbers from ``(seed, step)``, but whatever else draws from them (a library, code added
+    to the loop) then starts from the same state in every run, and the checkpoint stores these states."""
+    torch.manual_seed(seed + rank)
+    np.random.seed(derive_seed(seed, rank, 11) % 2**32)
+    random.seed(derive_seed(seed, rank, 12))
 
 
 def resume_path(cfg: TrainConfig, out: Path) -> Path | None:
@@ -212,10 +232,12 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     device = procs.device
     if cfg.debug:
         cfg = debug_config(cfg, procs.world_size)
-    precision = resolve_precision(cfg.mixed_precision, device)
+    try:
+        precision = resolve_precision(cfg.mixed_precision, device)
+    except ValueError as err:
+        raise ConfigError(f"{err} (--mixed-precision)") from None
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-        torch.backends.cudnn.allow_tf32 = cfg.tf32
+        set_tf32(cfg.tf32)
     micro_batch, rem = divmod(cfg.batch_size, cfg.grad_accum * procs.world_size)
     if rem or micro_batch < 1:
         raise ConfigError(
@@ -236,38 +258,46 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.subset, len(dataset))))
     is_latent = hasattr(getattr(dataset, "dataset", dataset), "latent_shape")
 
-    # -- model, EMA, optimizer, diffusion ------------------------------------------------------------------
+    # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
     model = build_model(cfg, sample_shape, num_classes).to(device)
-    # The loop drops labels itself (step 3 below) from the seeded draws, so DiT's own random label dropout
-    # (active only in train mode) is switched off with eval(): DiT has no dropout or batch-norm layers,
-    # so eval mode changes nothing else.
+    # The step drops labels itself from the seeded draws, so DiT's own random label dropout (active only in
+    # train mode) is switched off with eval(): DiT has no dropout or batch-norm layers, so eval mode changes
+    # nothing else.
     model.eval()
     ema = create_ema(model, device="cpu" if cfg.ema_device == "cpu" else None)
-    opt = make_optimizer(model, cfg, device)
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    diffusion = create_diffusion("", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                                 diffusion_steps=cfg.diffusion_steps)
-    torch.manual_seed(cfg.seed + procs.rank)  # torch's global generator, per process (the loop draws from its own)
+    # DiT's diffusion, or the linear interpolant of objective "flow" (dit_core.diffusion.flow)
+    diffusion = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
+                               diffusion_steps=cfg.diffusion_steps)
+    # None with DiT's recipe; else the options of dit_core.train.objectives, their training-only parameters
+    # (trained with the DiT, not part of it) and the teacher of representation alignment
+    objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
+    trained = objective.module if objective is not None else model
+    opt = make_optimizer(trained, cfg, device)
+    if cfg.compile:
+        compile_blocks(model)
+    train_model = distributed.wrap(trained, procs)  # DistributedDataParallel under torchrun
+    stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
+                        seed=cfg.seed, procs=procs, train_model=train_model, objective=objective)
+    extras = objective.extras if objective is not None else None  # saved in checkpoints beside the DiT
+    seed_global_generators(cfg.seed, procs.rank)  # per process (the step draws from its own generators)
 
     # -- resume -------------------------------------------------------------------------------------------
-    step, samples_seen, ema_updates, loss_value = 0, 0, 0, float("nan")
+    step, samples_seen, loss_value = 0, 0, float("nan")
     ckpt_path = resume_path(cfg, out)
     if ckpt_path is not None:
-        info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=scaler, dataset_size=len(dataset),
-                               seed=cfg.seed, restore_rng=procs.is_main)
-        step, samples_seen, ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
+        info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=stepper.scaler,
+                               dataset_size=len(dataset), seed=cfg.seed, restore_rng=procs.is_main, extras=extras)
+        if info["config"].get("objective", "ddpm") != cfg.objective:
+            raise ConfigError(f"cannot resume from {ckpt_path}: it was trained with objective "
+                              f"{info['config'].get('objective', 'ddpm')}, this run asks for {cfg.objective}")
+        step, samples_seen, stepper.ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
         loss_value = float(info["metrics"].get("loss", loss_value))
     run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
                   "num_classes": num_classes, "classes": [str(c) for c in classes],
                   "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels"}
     if procs.is_main:
         save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
-
-    # -- wrappers: compile and DDP ------------------------------------------------------------------------
-    train_model = distributed.wrap(model, procs)
-    if cfg.compile:
-        train_model = torch.compile(train_model)
 
     # -- batches ------------------------------------------------------------------------------------------
     order = DataOrder(len(dataset), cfg.seed)
@@ -284,107 +314,85 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     else:
         loader = torch.utils.data.DataLoader(
             SeededItems(dataset), batch_sampler=sampler, num_workers=cfg.num_workers,
-            pin_memory=device.type == "cuda", persistent_workers=False,
+            pin_memory=device.type == "cuda", persistent_workers=False, worker_init_fn=ignore_stop_signals,
+            # its own generator: creating the iterator then draws nothing from torch's global one
+            generator=torch.Generator().manual_seed(derive_seed(cfg.seed, procs.rank, 13)),
         )
         micro_batches = iter(loader)
 
     # -- the loop -----------------------------------------------------------------------------------------
-    params = [p for p in model.parameters() if p.requires_grad]
-    null_class = torch.tensor(num_classes, device=device)
-    guard = NanGuard(cfg.max_bad_steps, cfg.lr, precision, cfg.grad_clip)
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
+    micro_batches = monitor.timed(micro_batches)  # the time the step waits for data goes into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
     start_step, last_grid = step, (grids[-1] if grids else None)
+    saved = Saved(step if ckpt_path is not None else None, time.monotonic())
+    stopped = None
     t_loop = time.perf_counter()
-    try:
-        while step < cfg.max_steps:
-            # 1. learning rate
-            lr = learning_rate(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            # 2. this step's random numbers, for the whole global batch
-            draws = step_draws(cfg.seed, step, cfg.batch_size, sample_shape, diffusion.num_timesteps,
-                               cfg.class_dropout_prob if num_classes else 0.0)
-            # 3. micro-batches: forward, loss, backward
-            loss_sum = torch.zeros((), device=device)
-            parts = {"mse": torch.zeros((), device=device), "vb": torch.zeros((), device=device)}
-            bad_inputs = torch.zeros((), dtype=torch.bool, device=device)
-            for micro in range(cfg.grad_accum):
-                x, y = next(micro_batches)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                d = draws.slice(micro_slice(cfg.batch_size, cfg.grad_accum, procs.world_size, procs.rank, micro))
-                t, noise = d.t.to(device), d.noise.to(device)
-                if num_classes:  # label dropout: the null class teaches the unconditional model for guidance
-                    y = torch.where(d.drop.to(device), null_class, y)
-                last_micro = micro == cfg.grad_accum - 1
-                sync = contextlib.nullcontext() if last_micro or not procs.distributed else train_model.no_sync()
-                with sync:
-                    with autocast(device, precision):
-                        terms = diffusion.training_losses(train_model, x, t, model_kwargs=dict(y=y), noise=noise)
-                    loss = terms["loss"].mean()
-                    backward_loss = loss / cfg.grad_accum
-                    (scaler.scale(backward_loss) if scaler else backward_loss).backward()
-                loss_sum += loss.detach()
-                for key in parts:
-                    if key in terms:
-                        parts[key] += terms[key].detach().float().mean()
-                bad_inputs |= ~torch.isfinite(x).all()
-            # 4. check, clip, update
-            loss_mean = distributed.mean_over_processes(loss_sum / cfg.grad_accum, procs)
-            if scaler is not None:
-                scaler.unscale_(opt)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            loss_value, grad_value = (float(v) for v in torch.stack([loss_mean.float(), grad_norm.float()]).tolist())
-            problem = guard.check(step, loss_value, grad_value, scaler.get_scale() if scaler else None, bad_inputs)
-            if problem is None:
-                if scaler is not None:
-                    scaler.step(opt)
-                else:
-                    opt.step()
-                update_ema(ema, model, ema_decay_at(ema_updates, cfg.ema_decay, cfg.ema_warmup))
-                ema_updates += 1
-            else:
-                monitor.write(f"step {step + 1}: skipped ({problem}); weights unchanged")
-            if scaler is not None:
-                scaler.update()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            samples_seen += cfg.batch_size
+    with StopSignals(procs) as stop:
+        try:
+            while step < cfg.max_steps:
+                # 1. learning rate
+                lr = learning_rate(step, cfg)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                # 2-4. the step: its random numbers, the micro-batches, the checked update (dit_core.train.step)
+                result = stepper(step, micro_batches)
+                step += 1
+                samples_seen += cfg.batch_size
+                stopped = stop.agreed()  # a stop signal (on any process): save and leave after this step
 
-            # 5. log, checkpoint, sample
-            log_now = step % cfg.log_every == 0 or step == cfg.max_steps
-            extra = {k: float(distributed.mean_over_processes(v / cfg.grad_accum, procs)) for k, v in parts.items()
-                     if log_now}  # the loss terms, averaged over processes (read only when logged: a GPU sync)
-            monitor.update(step, loss_value, lr, grad_value, guard.skipped, extra, force=step == cfg.max_steps)
-            if procs.is_main and (step % cfg.ckpt_every == 0 or step == cfg.max_steps):
-                with monitor.pause():
-                    ckpt = dict(model=model, ema=ema, opt=opt, scaler=scaler, step=step, samples_seen=samples_seen,
-                                ema_updates=ema_updates, config=run_config, dataset_size=len(dataset),
-                                metrics={"loss": loss_value, "train_seconds": time.perf_counter() - t_loop})
-                    save_checkpoint(out / "checkpoints" / "last.pt", **ckpt)
-                    if cfg.keep_every and step % cfg.keep_every == 0:
-                        save_checkpoint(out / "checkpoints" / f"step_{step:07d}.pt", **ckpt)
-            grid_now = cfg.sample_every and step % cfg.sample_every == 0
-            if procs.is_main and (grid_now or (step == cfg.max_steps and cfg.sample_at_end)):
-                with monitor.pause():
-                    last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
-                    if last_grid is not None:
-                        monitor.image("samples", last_grid, step)
-    except TrainingDiverged as err:
-        monitor.write(str(err))
-        monitor.close()
-        distributed.cleanup(procs)
-        raise
+                # 5. log (the only place where the loop reads the device), checkpoint, sample
+                log_now = step % cfg.log_every == 0 or step == cfg.max_steps or stopped is not None
+                if log_now:
+                    stepper.guard.read()  # reports skipped steps; a run of bad ones raises TrainingDiverged
+                for message in stepper.guard.take_messages():
+                    monitor.write(message)
+                extra = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()
+                         if log_now}  # the loss terms, averaged over processes
+                monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, extra,
+                               force=step == cfg.max_steps or stopped is not None)
+                save_now = (step % cfg.ckpt_every == 0 or step == cfg.max_steps or stopped is not None
+                            or saved.minutes_ago() >= (cfg.ckpt_every_minutes or math.inf))
+                if procs.is_main and save_now:
+                    with monitor.pause():
+                        ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step,
+                                    samples_seen=samples_seen, ema_updates=stepper.ema_updates, config=run_config,
+                                    dataset_size=len(dataset),
+                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop},
+                                    extras=extras)
+                        names = ["last.pt"] + ([f"step_{step:07d}.pt"] if cfg.keep_every and step % cfg.keep_every == 0
+                                               else [])
+                        for name in names:
+                            save_or_explain(out / "checkpoints" / name, ckpt, saved, out)
+                        saved.step, saved.time = step, time.monotonic()
+                if stopped is not None:
+                    break
+                grid_now = cfg.sample_every and step % cfg.sample_every == 0
+                if procs.is_main and (grid_now or (step == cfg.max_steps and cfg.sample_at_end)):
+                    with monitor.pause():
+                        last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
+                        if last_grid is not None:
+                            monitor.image("samples", last_grid, step)
+        except TrainingDiverged as err:
+            monitor.write(str(err))
+            raise
+        finally:
+            monitor.close()
+            if procs.is_main and stopped is None and step < cfg.max_steps:  # an error, or a second Ctrl-C
+                print(f"dit-train: stopped at step {step}; the last checkpoint is "
+                      + (f"step {saved.step} ({out / 'checkpoints' / 'last.pt'})" if saved.step else "none"),
+                      flush=True)
+            if stopped is None and step < cfg.max_steps:
+                distributed.cleanup(procs)
     train_seconds = time.perf_counter() - t_loop
-    monitor.close()
 
     steps_done = step - start_step
     summary = {
         "steps": step,
         "steps_this_run": steps_done,
         "final_loss": (monitor.last_record or {}).get("loss", loss_value),  # the last logged average
-        "skipped_steps": guard.skipped,
+        "skipped_steps": stepper.guard.skipped,
         "wall_seconds": time.perf_counter() - t_start,
         "train_seconds": train_seconds,
         "images_per_s": steps_done * cfg.batch_size / train_seconds if steps_done else 0.0,
@@ -395,12 +403,43 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         "checkpoint": str(out / "checkpoints" / "last.pt"),
         "samples": str(last_grid) if last_grid else None,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
+        "interrupted": stopped,
     }
     if procs.is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         print(format_summary(summary), flush=True)
+        if stopped is not None:
+            print(f"\nstopped by {stopped} after step {step} of {cfg.max_steps}: checkpoint saved to "
+                  f"{out / 'checkpoints' / 'last.pt'}.\nContinue with: dit-train --config {out / 'config.yaml'} "
+                  "--resume true", flush=True)
     distributed.cleanup(procs)
     return summary
+
+
+class Saved:
+    """When the last checkpoint was written: its step (None: none yet) and its ``time.monotonic()``."""
+
+    def __init__(self, step: int | None, when: float):
+        self.step, self.time = step, when
+
+    def minutes_ago(self) -> float:
+        return (time.monotonic() - self.time) / 60
+
+
+def save_or_explain(path: Path, ckpt: dict, saved: Saved, out: Path) -> None:
+    """:func:`save_checkpoint`; on a full disk, say which checkpoint is intact and how to continue."""
+    try:
+        save_checkpoint(path, **ckpt)
+    except DiskFullError as err:
+        last = out / "checkpoints" / "last.pt"
+        if path.name != "last.pt":
+            intact = f"The checkpoint {last} of this step (step {ckpt['step']}) was written and is intact."
+        elif saved.step is not None:
+            intact = f"The previous checkpoint {last} (step {saved.step}) is intact."
+        else:
+            intact = "No checkpoint of this run was written before, so nothing is lost but the steps so far."
+        raise err.add(f"{intact} Free space on that disk (or copy the run folder to a larger one) and continue "
+                      f"with: dit-train --config {out / 'config.yaml'} --resume true") from err.__cause__
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -408,14 +447,25 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 _VAES: dict = {}
+#: Latents decoded at a time for a grid: SD's VAE decoder holds 128 x 256 x 256 fp32 activations per 256 px image
+#: (32 MB each, several alive at once), so 40 grid images in one decode would need several GB in the middle of
+#: a run sized to fit the card; 8 at a time keep that to about 1 GB (an estimate from the shapes).
+GRID_DECODE_BATCH = 8
 
 
 def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes, is_latent: bool, dataset,
                 device) -> Path | None:
     """A grid from the EMA model: one row per class (``sample_per_class`` each), fixed seeds, so grids of
     successive steps show the same noise becoming better digits/images. Returns the PNG path (None when the
-    latents' VAE cannot be loaded here)."""
-    from ..sample import generate, save_grid
+    latents' VAE cannot be loaded here).
+
+    The grid samples on the training device in the training precision, and leaves the EMA as it is: an EMA
+    kept on the CPU (``ema_device: cpu``) is sampled through a temporary copy on the GPU (in bf16: 2 bytes a
+    parameter, 1.35 GB for DiT-XL/2), freed afterwards (:func:`dit_core.sample.generate`); latents are decoded
+    :data:`GRID_DECODE_BATCH` at a time. A model trained with ``class_dropout_prob:
+    0`` has no null class, so its grids sample without guidance (cfg 1), with a note."""
+    from ..data.images import present_labels
+    from ..sample import generate, has_null_class, save_grid
 
     vae, scale = None, None
     if is_latent:
@@ -425,16 +475,21 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
             return None
     num_classes = ema.num_classes
     if num_classes:
-        shown = cfg.sample_classes if cfg.sample_classes is not None else list(range(min(10, num_classes)))
+        shown = cfg.sample_classes if cfg.sample_classes is not None else present_labels(dataset)[:10]
         labels = [int(c) for c in shown for _ in range(cfg.sample_per_class)]
         names = [str(classes[c]) if c < len(classes) else str(c) for c in labels]
         nrow = cfg.sample_per_class
     else:
         labels, names, nrow = 16, None, 4
+    cfg_scale = cfg.sample_cfg_scale if num_classes else 1.0
+    if cfg_scale != 1.0 and not has_null_class(ema):
+        warnings.warn(f"sample grids without guidance (cfg 1, not {cfg_scale}): class_dropout_prob 0 trains no null "
+                      "class to guide with", stacklevel=2)
+        cfg_scale = 1.0
     with torch.random.fork_rng(devices=[]):  # leave the training process's generators untouched
-        images = generate(ema, diffusion, labels, cfg_scale=cfg.sample_cfg_scale if num_classes else 1.0,
-                          sampler=cfg.sample_sampler, steps=cfg.sample_steps, seed=cfg.seed, device=device,
-                          vae=vae, vae_scale=scale)
+        images = generate(ema, diffusion, labels, cfg_scale=cfg_scale, sampler=cfg.sample_sampler,
+                          steps=cfg.sample_steps, seed=cfg.seed, device=device, vae=vae, vae_scale=scale,
+                          amp=resolve_precision(cfg.mixed_precision, device), decode_batch_size=GRID_DECODE_BATCH)
     path = out / "samples" / f"step_{step:07d}.png"
     save_grid(images, path, nrow=nrow, labels=names)
     return path
@@ -442,7 +497,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
 
 def _vae(name, device):
     """The VAE that decodes latent samples, loaded once; None (with a warning) when it is not available."""
-    from ..latents import load_vae
+    from ..vae import load_vae
 
     if name not in _VAES:
         try:

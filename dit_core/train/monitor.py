@@ -5,17 +5,37 @@ JSON object per line: easy to load with pandas or a few lines of Python), to Ten
 ``tensorboard --logdir <out>/tb``) and to the console; the tqdm bar shows the loss, steps/s and images/s
 all the time. Throughput is measured over the steps since the previous record, leaving out time spent on
 checkpoints and sample grids.
+
+Each record also says where the time and the memory went, so a loader bottleneck or a card near its limit shows
+in the log without ``watch nvidia-smi``: ``data_wait_share`` is the share of the interval's wall time the training
+process spent waiting for the next batch (the loop fetches batches through :meth:`Monitor.timed`; the step does not
+wait for the GPU, so when the GPU is the bottleneck the process waits elsewhere and this share stays near 0, and when
+the loader is, the process waits here while the GPU runs out of queued work), ``memory_gb`` the memory in use
+at the end of the interval and ``peak_memory_gb`` the peak since the run started (on a GPU: tensors allocated by
+torch; on the CPU: the process's resident memory), both in GiB (2^30 bytes), whatever the field names say.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+
+def memory_gb(device: torch.device) -> float:
+    """GPU memory allocated by torch now; on the CPU, the process's resident memory now (Linux), else its peak."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**30
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+    except (OSError, ValueError, IndexError):
+        return peak_memory_gb(device)
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -34,7 +54,8 @@ class Monitor:
         self.step = start_step
         self.last_record = None
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
-        self._losses: list[float] = []
+        self._loss_sum = self._loss_count = None  # the loss summed over the steps since the last record
+        self._data_wait = 0.0
         self.bar = self.jsonl = self.tb = None
         if not enabled:
             return
@@ -52,34 +73,53 @@ class Monitor:
 
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
+    def timed(self, batches):
+        """``batches`` (an iterable of batches) as an iterator that adds the time spent waiting in ``next()`` to
+        the current interval's data wait."""
+        it = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self._data_wait += time.perf_counter() - t0
+            yield batch
+
     def pause(self):
         """Call around work that is not training (checkpoints, samples) to keep it out of the throughput."""
         return _Pause(self)
 
-    def update(self, step: int, loss: float, lr: float, grad_norm: float, skipped: int, extra: dict,
-               force: bool = False) -> None:
+    def update(self, step: int, loss, lr: float, grad_norm, skipped: int, extra: dict, force: bool = False) -> None:
         """Record one finished optimizer step (``step`` counts steps done, from 1); a record is written every
-        ``log_every`` steps and when ``force`` is set (the last step)."""
+        ``log_every`` steps and when ``force`` is set (the last step). ``loss`` and ``grad_norm`` may be tensors
+        on the device: they are summed there and read once per record (reading a GPU number waits for the GPU)."""
         self.step = step
         self._window_steps += 1
-        if loss == loss:  # not NaN
-            self._losses.append(loss)
+        loss = torch.as_tensor(loss, dtype=torch.float32).detach().float()
+        finite = torch.isfinite(loss)
+        self._loss_sum = torch.where(finite, loss, 0.0) + (self._loss_sum if self._loss_sum is not None else 0.0)
+        self._loss_count = finite.long() + (self._loss_count if self._loss_count is not None else 0)
         if not self.enabled:
             return
         if self.bar is not None:
             self.bar.update(1)
         if step % self.log_every and not force:
             return
+        norm = torch.as_tensor(math.nan if grad_norm is None else grad_norm).detach().float().to(loss.device)
+        loss_sum, count, grad_norm = torch.stack([self._loss_sum, self._loss_count.float(), norm]).tolist()
         elapsed = time.perf_counter() - self._window_start - self._paused
         sps = self._window_steps / elapsed if elapsed > 0 else float("nan")
         record = {
             "step": step,
-            "loss": sum(self._losses) / len(self._losses) if self._losses else float("nan"),
+            "loss": loss_sum / count if count else float("nan"),
             "lr": lr,
             "grad_norm": grad_norm,
             "steps_per_s": sps,
             "images_per_s": sps * self.batch_size,
             "skipped_steps": skipped,
+            "data_wait_share": min(1.0, self._data_wait / elapsed) if elapsed > 0 else float("nan"),
+            "memory_gb": memory_gb(self.device),
             "peak_memory_gb": peak_memory_gb(self.device),
             "time": time.time(),
             **extra,
@@ -91,12 +131,15 @@ class Monitor:
                 if key not in ("step", "time") and isinstance(value, (int, float)):
                     self.tb.add_scalar(f"train/{key}", value, step)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}", it_s=f"{sps:.2f}", img_s=f"{sps * self.batch_size:.0f}")
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", it_s=f"{sps:.2f}", img_s=f"{sps * self.batch_size:.0f}",
+                                 data_wait=f"{record['data_wait_share']:.0%}", mem=f"{record['memory_gb']:.1f}G")
         else:
             print(f"step {step:>7d}  loss {record['loss']:.4f}  lr {lr:.2e}  {sps:.2f} steps/s  "
-                  f"{sps * self.batch_size:.0f} img/s", flush=True)
+                  f"{sps * self.batch_size:.0f} img/s  data wait {record['data_wait_share']:.0%}  "
+                  f"memory {record['memory_gb']:.2f} GiB (peak {record['peak_memory_gb']:.2f})", flush=True)
         self._window_start, self._window_steps, self._paused = time.perf_counter(), 0, 0.0
-        self._losses = []
+        self._loss_sum = self._loss_count = None
+        self._data_wait = 0.0
 
     def write(self, text: str) -> None:
         if not self.enabled:

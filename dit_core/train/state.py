@@ -1,19 +1,22 @@
 """Training checkpoints: everything a run needs to continue exactly where it stopped.
 
-A checkpoint is a plain dict, written atomically (:func:`dit_core.checkpoint.atomic_save`: a kill while
-saving leaves the previous ``last.pt`` intact) and readable with ``torch.load(weights_only=True)``:
+A checkpoint is a plain dict, written atomically (:func:`dit_core.atomic.atomic_write`: a kill or a full disk
+while saving leaves the previous ``last.pt`` intact) and readable with ``torch.load(weights_only=True)``:
 
 =============  =======================================================================================
 ``model``      the trained weights (no ``module.``/``_orig_mod.`` prefixes, whatever wrapped the model)
 ``ema``        the EMA weights, which :func:`dit_core.load_dit` prefers
-``opt``        AdamW's state (moments, step counts) and hyper-parameters
+``opt``        the optimizer's state (AdamW: moments, step counts; 8-bit AdamW: byte moments, block scales)
 ``scaler``     the fp16 gradient scaler (its loss scale), or None
 ``step``       optimizer steps done
 ``data``       the data position: ``samples_seen`` of the stream, the seed and the dataset size
-``rng``        the torch (CPU and CUDA), numpy and Python generator states of process 0
+``rng``        the torch (CPU and CUDA), numpy and Python generator states of process 0 (seeded from the
+               run's seed, so that they too are a function of (config, seed, step))
 ``ema_updates``  EMA updates done (the EMA warmup counts them)
 ``config``     the resolved training config, with ``model_config`` (the DiT constructor arguments)
 ``metrics``    the last logged loss, wall time so far
+``extras``     only with the options of :mod:`dit_core.train.objectives` that add training-only parameters
+               (the REPA projector, the MaskDiT mask token): their state dict
 =============  =======================================================================================
 
 The random numbers of training come from ``(seed, step)`` (:mod:`dit_core.train.batches`), so the data
@@ -31,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError, atomic_save, check_state_dict, read_checkpoint
+from ..atomic import atomic_write
+from ..checkpoint import CheckpointError, check_state_dict, read_checkpoint
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -71,8 +75,10 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, step: int, samples_seen: int,
-                    ema_updates: int, config: dict, dataset_size: int, metrics: dict | None = None) -> Path:
-    """Write a training checkpoint atomically; returns its path."""
+                    ema_updates: int, config: dict, dataset_size: int, metrics: dict | None = None,
+                    extras=None) -> Path:
+    """Write a training checkpoint atomically; returns its path. ``extras``: the training-only parameters of
+    an objective (a module), saved under ``extras``."""
     state = {
         "model": unwrap(model).state_dict(),
         "ema": ema.state_dict(),
@@ -85,11 +91,24 @@ def save_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, step: i
         "config": {**config, "model_config": unwrap(model).config()},
         "metrics": dict(metrics or {}),
     }
-    return atomic_save(state, path)
+    if extras is not None:
+        state["extras"] = extras.state_dict()
+    return atomic_write(path, lambda f: torch.save(state, f), size_hint=tensor_bytes(state))
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a nested dict/list (about the size ``torch.save`` writes)."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset_size: int, seed: int,
-                    restore_rng: bool = True) -> dict:
+                    restore_rng: bool = True, extras=None) -> dict:
     """Load a training checkpoint into ``model``, ``ema``, ``opt`` and ``scaler`` (in place).
 
     Returns the checkpoint's bookkeeping: ``step``, ``samples_seen``, ``ema_updates``, ``metrics``. A
@@ -117,7 +136,15 @@ def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset
             + f". {err}. Resume with the settings of that run (its config.yaml), or start a new run in "
             "another --out folder."
         ) from None
+    if (extras is not None) != ("extras" in ckpt):
+        raise CheckpointError(
+            f"cannot resume from {path}: it was trained {'with' if 'extras' in ckpt else 'without'} the training-only "
+            "parameters of masking or representation alignment, this run "
+            f"{'does not use them' if extras is None else 'does'}. Resume with the settings of that run (its "
+            "config.yaml), or start a new run in another --out folder.")
     inner.load_state_dict(ckpt["model"])
+    if extras is not None:
+        extras.load_state_dict(ckpt["extras"])
     ema.load_state_dict(ckpt["ema"])
     opt.load_state_dict(ckpt["opt"])
     if scaler is not None and scaler.is_enabled():
@@ -138,4 +165,5 @@ def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset
         "samples_seen": int(data.get("samples_seen", ckpt["step"] * ckpt.get("config", {}).get("batch_size", 0))),
         "ema_updates": int(ckpt.get("ema_updates", ckpt["step"])),
         "metrics": ckpt.get("metrics", {}),
+        "config": ckpt.get("config", {}),
     }

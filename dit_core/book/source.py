@@ -1,12 +1,7 @@
-"""Helpers for the book's notebooks.
+"""Showing library code in the chapters: :func:`show_source` renders the code that actually runs.
 
-The chapters never copy library code into cells: they call :func:`show_source` to render the code that
-actually runs. Each chapter's ``parameters`` cell defines ``SMOKE = False`` plus its cost knobs; the smoke
-tests (tests/test_notebooks.py) inject ``SMOKE = True`` with papermill, and :func:`smoke_mode` lets a reader or
-a quick book build ask for the same tiny settings through the ``DIT_SMOKE`` environment variable.
-:func:`set_threads` picks a sensible number of CPU threads for torch.
-
-Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit.
+The chapters never copy library code into cells; they call ``show_source(obj)`` (a class, function, method,
+module, or the dotted name of one), which displays it syntax-highlighted with its file and line numbers.
 """
 
 from __future__ import annotations
@@ -14,84 +9,12 @@ from __future__ import annotations
 import html
 import importlib
 import inspect
-import math
-import os
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-SMOKE_ENV = "DIT_SMOKE"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
-
-# --------------------------------------------------------------------------------------------- smoke mode
-def smoke_mode(default: bool = False) -> bool:
-    """Whether a notebook should pick tiny settings (a few steps, a tiny model).
-
-    Reads the ``DIT_SMOKE`` environment variable ("1"/"true"/"yes"/"on" or "0"/"false"/"no"/"off");
-    returns ``default`` when it is unset. A chapter combines it with its parameter:
-    ``SMOKE = SMOKE or smoke_mode()``.
-    """
-    value = os.environ.get(SMOKE_ENV)
-    if value is None:
-        return bool(default)
-    value = value.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r} is not a yes/no value; set it to 1 (tiny settings) or 0 (full)"
-    )
-
-
-# --------------------------------------------------------------------------------------------- threads
-def available_cpus() -> int:
-    """CPU cores this process may really use: its CPU affinity, capped by a cgroup CPU quota if any.
-
-    ``os.cpu_count()`` reports the host's cores, which inside a container can be many more than the
-    container may use; torch then oversubscribes the cores and slows down badly.
-    """
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows
-        n = os.cpu_count() or 1
-    try:  # cgroup v2: "max 100000" or "200000 100000"
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
-
-
-def set_threads(n: int | None = None) -> int:
-    """Set torch's intra-op CPU threads and return the number used.
-
-    ``n`` if given; otherwise ``OMP_NUM_THREADS`` if it is set (tests and CI pin it); otherwise the cores
-    this process may use (:func:`available_cpus`). Harmless on a GPU machine: it only affects CPU ops.
-    """
-    import torch
-
-    if n is None:
-        env = os.environ.get("OMP_NUM_THREADS", "").strip()
-        if env:
-            try:
-                n = int(env)
-            except ValueError:
-                raise ValueError(f"OMP_NUM_THREADS={env!r} is not an integer; unset it or set e.g. 2") from None
-        else:
-            n = available_cpus()
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"set_threads needs n >= 1, got {n}")
-    torch.set_num_threads(n)
-    return torch.get_num_threads()
-
-
-# --------------------------------------------------------------------------------------------- source
 @dataclass(frozen=True)
 class Source:
     """The source code of one object, with where it lives."""
@@ -224,7 +147,7 @@ def show_source(obj, *, collapsed: bool = False):
     None; elsewhere it returns the plain text (header line + code). ``collapsed=True`` folds long code under a
     clickable title.
 
-    >>> show_source("dit_core.book.smoke_mode")      # doctest: +SKIP
+    >>> show_source("dit_core.models.DiT.forward")      # doctest: +SKIP
     """
     view = SourceView(source_of(obj), collapsed=collapsed)
     if _in_ipython():
@@ -233,47 +156,3 @@ def show_source(obj, *, collapsed: bool = False):
         display(view)
         return None
     return str(view.source)
-
-
-# --------------------------------------------------------------------------------------------- hygiene
-def strip_outputs(path) -> bool:
-    """Clear outputs, execution counts and saved widget state of one notebook in place.
-
-    Returns True when the file changed. Notebooks are committed without outputs (tests/test_hygiene.py).
-    """
-    import nbformat
-
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    before = nbformat.writes(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-        for key in ("execution", "papermill", "collapsed", "scrolled"):
-            cell.metadata.pop(key, None)
-    for key in ("widgets", "papermill"):
-        nb.metadata.pop(key, None)
-    if nbformat.writes(nb) == before:
-        return False
-    nbformat.write(nb, path)
-    return True
-
-
-def _main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m dit_core.book", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    strip = sub.add_parser("strip-outputs", help="clear outputs of notebooks in place (before a commit)")
-    strip.add_argument("notebooks", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    for nb in args.notebooks:
-        if not nb.is_file():
-            parser.error(f"{nb}: no such notebook")
-        print(f"{nb}: {'stripped' if strip_outputs(nb) else 'already clean'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -4,10 +4,6 @@ Chapter 2 (``book/02_latents.ipynb``) and ``benchmarks/data_bench.py`` share the
 
 - :func:`make_jpegs` writes an ImageFolder of JPEGs at ImageNet-like sizes with no download, either smooth
   random colour fields or crops of the two photographs scikit-learn ships (``china.jpg``, ``flower.jpg``);
-- :func:`demo_vae` loads a VAE by hub id or folder when its weights are here, and otherwise builds a randomly
-  initialised ``AutoencoderKL`` of the same architecture, and says which one it returns. A VAE's speed,
-  shapes and memory do not depend on its weights, so timings with random weights are real timings; its
-  pictures are not (a random decoder paints noise);
 - :func:`encoder_macs` counts the multiply-adds of one encoder pass, the cost pre-extraction removes from
   every training step;
 - :func:`rate` and :func:`loader_rate` time a dataset item by item and through a ``DataLoader``.
@@ -17,26 +13,11 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
-
-#: A VAE with the real 8x downsampling (4 blocks) but 8-16 channels instead of 128-512: for smoke runs and
-#: tests, where only shapes and code paths matter.
-TINY_VAE_CONFIG = dict(
-    in_channels=3,
-    out_channels=3,
-    latent_channels=4,
-    layers_per_block=1,
-    norm_num_groups=4,
-    down_block_types=["DownEncoderBlock2D"] * 4,
-    up_block_types=["UpDecoderBlock2D"] * 4,
-    block_out_channels=[8, 8, 16, 16],
-    sample_size=256,
-)
 
 #: The photographs scikit-learn ships (427 x 640 JPEGs), used as offline sources of real image content.
 PHOTOS = ("china.jpg", "flower.jpg")
@@ -109,52 +90,6 @@ def folder_bytes(path: str | os.PathLike, pattern: str = "**/*") -> int:
 
 
 # --------------------------------------------------------------------------------------------- the VAE
-def random_vae(architecture: str = "sd", seed: int = 0, device: str | torch.device = "cpu"):
-    """A randomly initialised ``AutoencoderKL`` in eval mode: ``"sd"`` has Stable Diffusion's architecture
-    (:data:`dit_core.bench.SD_VAE_CONFIG`, 83.7 M parameters), ``"tiny"`` the 8-16 channel one
-    (:data:`TINY_VAE_CONFIG`). Same shapes and cost as a trained one; it reconstructs nothing."""
-    from diffusers import AutoencoderKL
-
-    from .bench import SD_VAE_CONFIG
-
-    configs = {"sd": SD_VAE_CONFIG, "tiny": TINY_VAE_CONFIG}
-    if architecture not in configs:
-        raise ValueError(f"architecture must be 'sd' or 'tiny', got {architecture!r}")
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(**configs[architecture])
-    return vae.to(device).eval().requires_grad_(False)
-
-
-def demo_vae(
-    name: str | os.PathLike | None,
-    device: str | torch.device = "cpu",
-    download: bool = False,
-    fallback: str = "sd",
-) -> tuple[object, str, bool]:
-    """``(vae, description, pretrained)``: the VAE ``name`` (hub id or folder) if it can be loaded, else a
-    randomly initialised one of architecture ``fallback`` (see :func:`random_vae`).
-
-    ``download=False`` never touches the network: a hub id must already be in the Hugging Face cache.
-    When the named VAE cannot be loaded, the description gives the reason in one line and ``pretrained``
-    is False, so a notebook can say that its pictures come from random weights.
-    """
-    from .latents import VAENotFoundError, load_vae
-
-    if name:
-        try:
-            with warnings.catch_warnings():  # noise from huggingface_hub about an argument diffusers passes
-                warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*")
-                vae = load_vae(name, device=device, local_files_only=not download)
-            return vae, f"{name} (pretrained weights)", True
-        except VAENotFoundError as err:
-            reason = str(err).splitlines()[0]
-            reason = reason if len(reason) <= 200 else reason[:197] + "..."
-            description = (f"randomly initialised AutoencoderKL, {fallback!r} architecture: {name} could not "
-                           f"be loaded ({reason})")
-            return random_vae(fallback, device=device), description, False
-    return random_vae(fallback, device=device), f"randomly initialised AutoencoderKL, {fallback!r} architecture", False
-
-
 def encoder_macs(vae, image_size: int = 256) -> int:
     """Multiply-adds of one VAE encoder pass over one ``image_size`` image (counted by PyTorch's FLOP
     counter, halved). SD's VAE: about 136 G at 256 px, on top of the 356 G of one DiT-XL/2 training image

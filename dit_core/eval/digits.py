@@ -1,4 +1,7 @@
-"""Honest numbers for the digits default: does a sample of class 3 look like a 3?
+"""Honest numbers for the digits default: does a sample of class 3 look like a 3, and do the samples vary
+like real digits?
+
+An Inception network trained on ImageNet photos says little about 8x8 digits.
 
 A support-vector classifier (RBF kernel) is fitted on the *real* training split of scikit-learn's digits
 (the same split and pixel values :func:`dit_core.data.export_digits` writes) and never sees a generated
@@ -10,7 +13,11 @@ Images of any size are compared at the digits' native 8x8: area-averaged down (a
 mean of its 2x2 blocks), colour averaged to grey. The fit is deterministic (no random state is involved)
 and takes a fraction of a second, so it is simply cached per process.
 
-``python -m dit_core.digits_eval RUN_OR_CHECKPOINT`` samples a trained digits model and prints its class
+:func:`digits_metrics` also reports the Fréchet distance between samples and real digits in the classifier's
+10-dimensional score space (:mod:`.fid`'s distance, in a feature space fitted to digits), next to the same
+distance between two real splits, its floor.
+
+``python -m dit_core.eval.digits RUN_OR_CHECKPOINT`` samples a trained digits model and prints its class
 accuracy (see :func:`main`).
 """
 
@@ -25,13 +32,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .fid import frechet_distance_features
+from .samples import to_float_images
+
 
 def load_real_digits(split: str = "train", val_fraction: float = 0.2, seed: int = 0):
     """The real digits as ``(images, labels)``: images ``(N, 1, 8, 8)`` float32 in [-1, 1] (grey 0..16 scaled
     to 0..255 and normalised as the trainer sees them), for ``split`` "train", "val" or "all"."""
     from sklearn.datasets import load_digits
 
-    from .data.digits import digits_split
+    from ..data.digits import digits_split
 
     d = load_digits()
     pixels = np.rint(d.images * (255.0 / 16.0)).clip(0, 255) / 127.5 - 1.0
@@ -101,7 +111,7 @@ def evaluate(model, diffusion, per_class: int = 20, cfg_scale: float = 1.0, samp
     Returns ``accuracy``, ``per_class`` (accuracy of each digit), ``classifier_val_accuracy``, the
     ``images`` and their ``labels``.
     """
-    from .sample import generate
+    from ..sample import generate
 
     if getattr(model, "num_classes", 0) != 10:
         raise ValueError(f"the digits classifier needs a 10-class model, got num_classes={model.num_classes}")
@@ -121,14 +131,49 @@ def evaluate(model, diffusion, per_class: int = 20, cfg_scale: float = 1.0, samp
     }
 
 
+def digits_metrics(images, labels=None, reference: str = "train") -> dict:
+    """Class accuracy and classifier-space Fréchet distance of digit samples.
+
+    ``images``: ``(N, C, H, W)`` floats in [-1, 1] or uint8 ``(N, H, W, C)``; ``labels``: the classes they were
+    sampled for (None skips the accuracy). The Fréchet distance compares the samples with the real digits of
+    ``reference`` ("train", "val" or "all") in the 10-dimensional decision space of
+    :class:`DigitsClassifier`; ``real_floor`` is the same distance from the real
+    validation split to the real training split: what a perfect sampler would get with as many samples (a
+    fixed random subset of the split when the samples are fewer; the distance of a small set is biased upwards).
+    """
+    x = to_float_images(images)
+    clf = classifier()
+    feats = clf.features(x)
+    ref_images, _ = load_real_digits(reference)
+    ref_feats = clf.features(ref_images)
+    out = {
+        "frechet_distance": frechet_distance_features(feats, ref_feats),
+        "num_samples": len(x),
+        "classifier_val_accuracy": clf.val_accuracy,
+    }
+    if reference == "train":
+        val = load_real_digits("val")[0]
+        if len(x) < len(val):
+            val = val[np.random.default_rng(0).choice(len(val), max(len(x), 2), replace=False)]
+        out["real_floor"] = frechet_distance_features(clf.features(val), ref_feats)
+    if labels is not None:
+        labels = np.asarray(torch.as_tensor(labels).cpu()).reshape(-1)
+        if len(labels) != len(x):
+            raise ValueError(f"{len(x)} images but {len(labels)} labels")
+        predicted = clf.predict(x)
+        out["class_accuracy"] = float((predicted == labels).mean())
+        out["per_class_accuracy"] = {int(c): float((predicted[labels == c] == c).mean()) for c in np.unique(labels)}
+    return out
+
+
 def main(argv=None) -> dict:
-    """``python -m dit_core.digits_eval RUN_DIR_OR_CKPT [--per-class 20] [--cfg-scale 1.0] ...``"""
+    """``python -m dit_core.eval.digits RUN_DIR_OR_CKPT [--per-class 20] [--cfg-scale 1.0] ...``"""
     from pathlib import Path
 
-    from .checkpoint import load_dit
-    from .diffusion import create_diffusion
+    from ..checkpoint import load_dit
+    from ..diffusion import create_process
 
-    p = argparse.ArgumentParser(prog="python -m dit_core.digits_eval", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m dit_core.eval.digits", description=main.__doc__)
     p.add_argument("checkpoint", help="a run folder (uses checkpoints/last.pt) or a checkpoint file")
     p.add_argument("--per-class", type=int, default=20)
     p.add_argument("--cfg-scale", type=float, default=1.0)
@@ -143,12 +188,12 @@ def main(argv=None) -> dict:
         path = path / "checkpoints" / "last.pt"
     model = load_dit(path)
     ckpt_cfg = torch.load(path, map_location="cpu", weights_only=True).get("config", {})
-    diffusion = create_diffusion("", noise_schedule=ckpt_cfg.get("noise_schedule", "linear"),
-                                 learn_sigma=model.learn_sigma, diffusion_steps=ckpt_cfg.get("diffusion_steps", 1000))
+    diffusion = create_process(ckpt_cfg.get("objective", "ddpm"),
+                               noise_schedule=ckpt_cfg.get("noise_schedule", "linear"), learn_sigma=model.learn_sigma, diffusion_steps=ckpt_cfg.get("diffusion_steps", 1000))
     result = evaluate(model, diffusion, per_class=args.per_class, cfg_scale=args.cfg_scale, sampler=args.sampler,
                       steps=args.steps, seed=args.seed, amp=args.amp, progress=True)
     if args.grid:
-        from .sample import save_grid
+        from ..sample import save_grid
 
         save_grid(result["images"], args.grid, nrow=args.per_class, labels=result["predicted"].tolist())
     summary = {k: result[k] for k in ("accuracy", "per_class", "classifier_val_accuracy")}

@@ -2,7 +2,10 @@
 
 :func:`generate` runs the reverse diffusion for a list of class labels:
 
-* **samplers.** ``"ddpm"``: ancestral sampling with DiT's learned variance (DDPM Alg. 2, Improved DDPM eq. 15)
+* **samplers.** A model trained with ``objective: flow`` (the linear interpolant; its ``diffusion`` is a
+  :class:`~dit_core.diffusion.flow.LinearInterpolant`) is sampled by the ODE/SDE samplers of
+  :mod:`dit_core.diffusion.flow` (``"euler"``, which ``"ddim"`` names too, ``"heun"``, ``"euler-maruyama"``),
+  never by the DDPM loop. For DiT's diffusion: ``"ddpm"``: ancestral sampling with DiT's learned variance (DDPM Alg. 2, Improved DDPM eq. 15)
   on ``steps`` evenly spaced steps of the 1000 (the paper evaluates with 250). ``"ddim"``: Song et al. 2021,
   eq. 12, any ``steps`` and ``eta`` (0: deterministic, 1: DDPM-like noise), on the steps
   ``0, T/steps, 2 T/steps, ...`` that diffusers' ``DDIMScheduler`` and the official ``"ddimN"`` use.
@@ -20,28 +23,33 @@
   (and with tiled decoding for 512 px and larger), so big batches fit in memory.
 * **precision.** ``amp="bf16"``/``"fp16"`` autocasts the transformer (bf16 is about 3x faster than fp32 on CPUs
   with AMX, and the usual choice on GPUs); ``"auto"`` picks bf16 on bf16 GPUs and AMX/AVX512-BF16 CPUs.
+* **the caller's model is left alone.** :func:`generate` never moves, casts or re-modes the model it is given:
+  a model in train mode is put in eval mode for the call and back afterwards, and a model that lives on another
+  device than ``device`` (the EMA that the 12 GB profile keeps on the CPU, sampled on the GPU for a grid) is
+  sampled through a temporary copy on ``device`` (:func:`sampling_copy`), freed when the call returns. The copy
+  is made one tensor at a time (no second CPU copy) in the autocast precision when there is one: 2 bytes a
+  parameter with bf16, 1.35 GB for DiT-XL/2's 675 M parameters (fp32: 2.7 GB) on top of what training holds.
+* **no null class, no guidance.** A model trained with ``class_dropout_prob: 0`` has no null-class row in its
+  label table: it samples with ``cfg_scale=1`` only, and asking for guidance is a clear error.
 
-Outputs: :func:`save_grid` writes a labelled PNG grid; :func:`save_npz` the ``.npz`` of the official FID
-tooling (``arr_0``: uint8 N x H x W x C) plus ``labels``. :func:`load_model` opens anything ``dit-sample
---ckpt`` accepts: a dit_core run or checkpoint, an official ``.pt``, or a diffusers folder.
+The images go to files through :mod:`.files`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from .diffusion import SpacedDiffusion, create_diffusion, space_timesteps
+from ..diffusion import SpacedDiffusion, create_diffusion, space_timesteps
+from ..diffusion.flow import flow_sampler_name, sample_flow
+from ..runtime import DTYPES, autocast, resolve_precision
+from ..vae import decode_latents
 
 SAMPLERS = ("ddpm", "ddim", "dpm-solver++")
-_SAMPLER_ALIASES = {"dpm": "dpm-solver++", "dpmsolver++": "dpm-solver++", "dpm-solver": "dpm-solver++",
-                    "dpm_solver++": "dpm-solver++", "dpmpp": "dpm-solver++"}
-OFFICIAL_VAE = "stabilityai/sd-vae-ft-mse"  # what the official sample.py decodes with by default
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -84,32 +92,33 @@ def ddim_timesteps(num_train_steps: int, steps: int) -> list[int]:
     return [i * stride for i in range(steps)]
 
 
-def resolve_amp(amp: str, device: torch.device) -> str:
-    """``"auto"``: bf16 on GPUs with bf16 (fp16 on older ones), bf16 on CPUs with AMX/AVX512-BF16, else fp32."""
-    amp = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(amp, amp)
-    if amp == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "cpu":
-            from .train.loop import cpu_has_fast_bf16
-
-            return "bf16" if cpu_has_fast_bf16() else "fp32"
-        return "fp32"
-    if amp not in ("fp32", "bf16", "fp16"):
-        raise ValueError(f"amp must be 'auto', 'fp32', 'bf16' or 'fp16', got {amp!r}")
-    return amp
+def has_null_class(model) -> bool:
+    """Whether ``model`` has the null class that classifier-free guidance needs: an extra row in its label
+    table, which training with ``class_dropout_prob > 0`` teaches (0.1 in the paper)."""
+    num_classes = getattr(model, "num_classes", 0)
+    table = getattr(getattr(model, "y_embedder", None), "embedding_table", None)
+    if not num_classes:
+        return False
+    if table is None:  # another implementation of the DiT interface: trust its dropout setting
+        return float(getattr(model, "class_dropout_prob", 0.1)) > 0
+    return table.num_embeddings > num_classes
 
 
-def _autocast(device: torch.device, amp: str):
-    if amp == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[amp])
+def check_guidance(model, cfg_scale: float) -> None:
+    """A clear error when guidance is asked of a model that has no null class."""
+    if cfg_scale != 1.0 and getattr(model, "num_classes", 0) and not has_null_class(model):
+        raise ValueError(
+            f"cfg_scale {cfg_scale} asks for classifier-free guidance, but this model was trained with "
+            "class_dropout_prob 0 and has no null class to guide with. Sample it with cfg_scale 1 "
+            "(--cfg-scale 1), or train with class_dropout_prob > 0 (the paper uses 0.1) to use guidance."
+        )
 
 
 def _guided(model, cfg_scale: float, guidance_channels: int | None):
     """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N."""
     if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
         return lambda x, t, y: model(x, t, y).float()
+    check_guidance(model, cfg_scale)
 
     def model_fn(x, t, y):
         null = torch.full_like(y, model.num_classes)
@@ -137,7 +146,7 @@ def _run_gaussian(diffusion, model_fn, x, y, gens, *, ddim: bool, eta: float, cl
     n = diffusion.num_timesteps
     for k, i in enumerate(range(n - 1, -1, -1)):
         t = torch.full((len(x),), i, dtype=torch.long, device=device)
-        with _autocast(device, amp):
+        with autocast(device, amp):
             out = diffusion.p_mean_variance(model_fn, x, t, clip_denoised, model_kwargs=dict(y=y))
         x0 = out["pred_xstart"].float()
         if ddim:
@@ -158,6 +167,18 @@ def _run_gaussian(diffusion, model_fn, x, y, gens, *, ddim: bool, eta: float, cl
             callback(dict(step=k, num_steps=n, t=int(diffusion.timestep_map[i]) if hasattr(diffusion, "timestep_map")
                           else i, x=x, x0=x0))
     return x
+
+
+def _run_flow(process, model_fn, x, y, gens, *, sampler: str, steps: int, amp, device, tick, callback):
+    """An ODE/SDE sampler of the linear interpolant (:func:`dit_core.diffusion.flow.sample_flow`)."""
+    channels = x.shape[1]
+
+    def velocity(xx, t):
+        with autocast(device, amp):
+            return model_fn(xx, process.model_time(t), y)[:, :channels].float()
+
+    return sample_flow(velocity, x, sampler=sampler, steps=steps, noise=lambda shape: _noise(gens, shape, device),
+                       callback=callback, tick=tick)
 
 
 def dpm_solver_scheduler(diffusion, steps: int, clip_denoised: bool):
@@ -181,13 +202,59 @@ def _run_dpm(diffusion, model_fn, x, y, *, steps: int, clip_denoised: bool, amp,
     channels = x.shape[1]
     for k, t in enumerate(scheduler.timesteps):
         tt = torch.full((len(x),), int(t), dtype=torch.long, device=device)
-        with _autocast(device, amp):
+        with autocast(device, amp):
             eps = model_fn(x, tt, y)[:, :channels].float()
         x = scheduler.step(eps, t, x).prev_sample
         tick()
         if callback is not None:
             callback(dict(step=k, num_steps=len(scheduler.timesteps), t=int(t), x=x, x0=None))
     return x
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The caller's model stays as it is
+# ----------------------------------------------------------------------------------------------------------
+
+
+def sampling_copy(model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype | None = None):
+    """A frozen eval-mode copy of ``model`` on ``device`` (floating tensors cast to ``dtype`` when given).
+
+    The parameters and buffers are moved one at a time straight to ``device``, so no second copy of the weights
+    is ever made where the model lives (a CPU EMA of DiT-XL/2 is 2.7 GB); ``model`` itself is not touched.
+    """
+    device = torch.device(device)
+
+    def moved(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        return t.to(device=device, dtype=dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
+    memo: dict = {}
+    for p in model.parameters():
+        memo[id(p)] = torch.nn.Parameter(moved(p), requires_grad=False)
+    for b in model.buffers():
+        memo[id(b)] = moved(b)
+    clone = copy.deepcopy(model, memo)
+    return clone.eval()
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """``model`` in eval mode inside the block, each module back in its own mode afterwards."""
+    modes = [(m, m.training) for m in model.modules()]
+    if not any(training for _, training in modes):
+        yield model
+        return
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _model_device(model) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -221,7 +288,10 @@ def generate(
     """Sample one image per entry of ``labels``; returns a float32 CPU tensor ``(N, C, H, W)``.
 
     - ``labels``: class indices (a list or tensor); for an unconditional model, a number of samples.
-    - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``).
+    - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``), or
+      the :class:`~dit_core.diffusion.flow.LinearInterpolant` of a flow model (then ``sampler`` is ``"euler"``
+      (= ``"ddim"``, default 50 steps), ``"heun"`` (25) or ``"euler-maruyama"`` (250); see
+      :func:`dit_core.diffusion.create_process`).
     - ``sampler``/``steps``: ``"ddpm"`` (default all steps; the paper uses 250), ``"ddim"`` (default 50,
       ``eta`` 0 deterministic) or ``"dpm-solver++"`` (default 25).
     - ``cfg_scale``/``guidance_channels``: classifier-free guidance scale, and how many noise channels it
@@ -232,15 +302,20 @@ def generate(
       the VAE's ``scaling_factor``, 0.18215) and decoded ``decode_batch_size`` at a time; ``vae_tiling``
       (default: for 512 px and up) decodes in overlapping tiles. Returns images in [-1, 1].
     - ``amp``: ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"auto"`` autocast of the transformer.
+    - ``device``: where to sample (default: where the model is). The model itself is never moved, cast or left
+      in another mode: on another device it is sampled through a temporary copy (:func:`sampling_copy`).
     - ``callback(info)``: called after every step with ``step``, ``num_steps``, ``t`` (original index),
       ``x`` (the current batch) and ``x0`` (the predicted clean batch; None for dpm-solver++).
     """
-    sampler = _SAMPLER_ALIASES.get(str(sampler).lower(), str(sampler).lower())
-    if sampler not in SAMPLERS:
+    sampler = str(sampler).lower()
+    flow = getattr(diffusion, "is_interpolant", False)  # objective "flow": the samplers of dit_core.diffusion.flow
+    if flow:
+        sampler = flow_sampler_name(sampler)
+    elif sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
-    if eta != 0.0 and sampler != "ddim":
+    if eta != 0.0 and (flow or sampler != "ddim"):
         raise ValueError(f"eta is a DDIM setting; sampler {sampler!r} does not take it")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -251,27 +326,49 @@ def generate(
     if num_classes and ((labels < 0) | (labels >= num_classes)).any():
         bad = sorted(set(labels[(labels < 0) | (labels >= num_classes)].tolist()))
         raise ValueError(f"labels must lie in 0..{num_classes - 1} for this model, got {bad[:10]}")
-    if device is None:
-        device = next(model.parameters()).device
-    device = torch.device(device)
-    amp = resolve_amp(amp, device)
+    here = _model_device(model)
+    device = torch.device(device) if device is not None else here
+    if device.type == here.type and device.index is None:  # "cuda" is the model's GPU when it is on one
+        device = here
+    amp = resolve_precision(amp, device)
     weights = next(model.parameters()).dtype
     if amp == "fp32" and weights in (torch.bfloat16, torch.float16):  # half weights need autocast for fp32 inputs
         amp = "bf16" if weights == torch.bfloat16 else "fp16"
-    model = model.to(device).eval()
+    check_guidance(model, cfg_scale)
+    if here != device:  # sample a temporary copy where asked; the caller's model stays where it is
+        copy_dtype = DTYPES[amp] if amp in ("bf16", "fp16") else None
+        # the copy is referenced by _generate's frame only: freed when it returns (its GPU memory goes back
+        # to PyTorch's allocator, for the training to reuse)
+        return _generate(sampling_copy(model, device, copy_dtype), diffusion, labels, cfg_scale=cfg_scale,
+                         sampler=sampler, steps=steps, seed=seed, device=device, batch_size=batch_size,
+                         clip_denoised=clip_denoised, guidance_channels=guidance_channels, eta=eta, amp=amp,
+                         progress=progress, vae=vae, vae_scale=vae_scale, decode_batch_size=decode_batch_size,
+                         vae_tiling=vae_tiling, callback=callback)
+    with _eval_mode(model):
+        return _generate(model, diffusion, labels, cfg_scale=cfg_scale, sampler=sampler, steps=steps, seed=seed,
+                         device=device, batch_size=batch_size, clip_denoised=clip_denoised,
+                         guidance_channels=guidance_channels, eta=eta, amp=amp, progress=progress, vae=vae,
+                         vae_scale=vae_scale, decode_batch_size=decode_batch_size, vae_tiling=vae_tiling,
+                         callback=callback)
+
+
+def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, device, batch_size, clip_denoised,
+              guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling, callback):
+    """:func:`generate` once the model is in eval mode on ``device`` and the arguments are checked."""
     if diffusion is None:
         diffusion = create_diffusion("", learn_sigma=getattr(model, "learn_sigma", True))
     if clip_denoised is None:
         clip_denoised = vae is None
     if steps is None:
-        steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25}[sampler]
+        steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25,
+                 "euler": 50, "heun": 25, "euler-maruyama": 250}[sampler]
     if sampler == "ddpm":
         spaced = respaced(diffusion, steps)
     elif sampler == "ddim":
         spaced = _rebuild(diffusion, ddim_timesteps(_training_steps(diffusion), int(steps)))
     else:
         spaced = diffusion
-    num_steps = spaced.num_timesteps if sampler != "dpm-solver++" else int(steps)
+    num_steps = spaced.num_timesteps if sampler in ("ddpm", "ddim") else int(steps)
     shape = (model.in_channels, model.input_size, model.input_size)
     model_fn = _guided(model, cfg_scale, guidance_channels)
 
@@ -291,7 +388,10 @@ def generate(
             batch_callback = None
             if callback is not None:
                 batch_callback = lambda info, s=start: callback(dict(info, batch_start=s))  # noqa: E731
-            if sampler == "dpm-solver++":
+            if getattr(diffusion, "is_interpolant", False):  # objective "flow"
+                x = _run_flow(diffusion, model_fn, x, y, gens, sampler=sampler, steps=int(steps), amp=amp, device=device,
+                              tick=tick, callback=batch_callback)
+            elif sampler == "dpm-solver++":
                 x = _run_dpm(diffusion, model_fn, x, y, steps=int(steps), clip_denoised=clip_denoised, amp=amp,
                              device=device, tick=tick, callback=batch_callback)
             else:
@@ -299,7 +399,7 @@ def generate(
                                   clip_denoised=clip_denoised, amp=amp, device=device, tick=tick,
                                   callback=batch_callback)
             if vae is not None:
-                x = decode(vae, x, scale=vae_scale, batch_size=decode_batch_size, tiling=vae_tiling)
+                x = decode_latents(vae, x, scale=vae_scale, batch_size=decode_batch_size, tiling=vae_tiling)
             elif clip_denoised:
                 x = x.clamp(-1, 1)
             out.append(x.float().cpu())
@@ -309,204 +409,3 @@ def generate(
     if out:
         return torch.cat(out)
     return torch.empty(0, *shape)
-
-
-@torch.no_grad()
-def decode(vae, latents: torch.Tensor, scale: float | None = None, batch_size: int | None = None,
-           tiling: bool | None = None) -> torch.Tensor:
-    """VAE-decode scaled latents to images in [-1, 1], ``batch_size`` at a time ("slicing": peak memory of one
-    slice, not of the whole batch), with tiled decoding when ``tiling`` (default: latents of 64 and up, 512 px)."""
-    from .latents import vae_scale as _vae_scale
-
-    scale = float(scale if scale is not None else _vae_scale(vae))
-    if tiling is None:
-        tiling = latents.shape[-1] >= 64
-    if tiling and hasattr(vae, "enable_tiling"):
-        vae.enable_tiling()
-    elif hasattr(vae, "disable_tiling"):
-        vae.disable_tiling()
-    param = next(vae.parameters())
-    batch_size = batch_size or len(latents)
-    images = []
-    for s in range(0, len(latents), batch_size):
-        z = latents[s : s + batch_size].to(param.device, param.dtype) / scale
-        images.append(vae.decode(z).sample.float().clamp(-1, 1).cpu())
-    return torch.cat(images)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Outputs
-# ----------------------------------------------------------------------------------------------------------
-
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """``(N, C, H, W)`` in [-1, 1] to ``uint8`` ``(N, H, W, C)`` (the layout of PIL and of the FID tooling)."""
-    x = ((images.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return x.permute(0, 2, 3, 1).numpy()
-
-
-def save_npz(path: str | os.PathLike, images, labels=None) -> Path:
-    """Write ``arr_0`` (uint8 N x H x W x C, the official FID tooling's format) and ``labels`` (int64, N).
-
-    ``images``: ``(N, C, H, W)`` floats in [-1, 1] or an already converted uint8 ``(N, H, W, C)`` array.
-    """
-    arr = images if isinstance(images, np.ndarray) and images.dtype == np.uint8 else to_uint8(torch.as_tensor(images))
-    if arr.ndim != 4:
-        raise ValueError(f"images must be (N, H, W, C) uint8 or (N, C, H, W) floats, got shape {arr.shape}")
-    data = {"arr_0": arr}
-    if labels is not None:
-        labels = np.asarray(torch.as_tensor(labels).cpu(), dtype=np.int64).reshape(-1)
-        if len(labels) != len(arr):
-            raise ValueError(f"{len(arr)} images but {len(labels)} labels")
-        data["labels"] = labels
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **data)
-    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
-
-
-def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None, labels=None,
-              scale: int | None = None, pad: int = 2):
-    """Save ``images`` (N, C, H, W) in [-1, 1] as one PNG grid, ``nrow`` images per row.
-
-    Small images are enlarged (nearest neighbour) by ``scale`` (default: to at least 64 px), and each tile
-    gets its label written above it when ``labels`` (numbers or names) are given. Returns the PIL image.
-    """
-    grid = make_grid(images, nrow=nrow, labels=labels, scale=scale, pad=pad)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(path)
-    return grid
-
-
-def make_grid(images: torch.Tensor, nrow: int | None = None, labels=None, scale: int | None = None, pad: int = 2):
-    """The labelled grid of :func:`save_grid` as a PIL image (for notebooks)."""
-    from PIL import Image, ImageDraw
-
-    arr = to_uint8(images)
-    n, h, w, c = arr.shape
-    nrow = nrow or max(1, math.ceil(math.sqrt(n)))
-    scale = scale or max(1, math.ceil(64 / max(h, w)))
-    th, tw = h * scale, w * scale
-    band = 12 if labels is not None else 0
-    rows = max(1, math.ceil(n / nrow))
-    mode = "L" if c == 1 else "RGB"
-    grid = Image.new(mode, (nrow * (tw + pad) + pad, rows * (th + band + pad) + pad), color=255)
-    draw = ImageDraw.Draw(grid)
-    for i in range(n):
-        r, col = divmod(i, nrow)
-        tile = Image.fromarray(arr[i, :, :, 0] if c == 1 else arr[i], mode)
-        tile = tile.resize((tw, th), resample=Image.NEAREST)
-        x0, y0 = pad + col * (tw + pad), pad + r * (th + band + pad)
-        if labels is not None:
-            draw.text((x0 + 1, y0), str(labels[i])[: max(1, tw // 6)], fill=0)
-        grid.paste(tile, (x0, y0 + band))
-    return grid
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Opening a model
-# ----------------------------------------------------------------------------------------------------------
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """Open a model for sampling; returns ``(model, info)``.
-
-    ``path``: a dit_core run folder (its ``checkpoints/last.pt``) or checkpoint, an official ``.pt`` (e.g.
-    ``DiT-XL-2-256x256.pt``), a ``.safetensors`` state dict, or a diffusers ``DiTPipeline`` folder. ``info``
-    holds what the file says about sampling it: ``space`` ("pixel" or "latent"), ``vae`` (a name or folder, or
-    None), ``label_names``, ``noise_schedule``/``diffusion_steps``, and the run's sampling settings
-    (``sampler``, ``steps``, ``cfg_scale``) when it has them.
-    """
-    from .checkpoint import load_dit
-    from .interop import is_diffusers_folder, load_diffusers
-
-    path = Path(path)
-    if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
-        path = path / "checkpoints" / "last.pt"
-    info: dict = {"path": str(path), "noise_schedule": "linear", "diffusion_steps": 1000}
-    if path.is_dir():
-        if not is_diffusers_folder(path):
-            raise FileNotFoundError(
-                f"{path} is a folder but neither a dit_core run (no checkpoints/last.pt) nor a diffusers DiTPipeline "
-                "folder (no model_index.json or transformer/config.json)"
-            )
-        model = load_diffusers(path, device=device, dtype=dtype)
-        meta = model.checkpoint_meta
-        info.update(kind="diffusers", label_names=meta.get("label_names"), vae=meta.get("vae"),
-                    space=meta.get("space") or ("latent" if meta.get("vae") or model.in_channels == 4 else "pixel"))
-        if info["space"] == "latent" and not info["vae"]:
-            info["vae"] = OFFICIAL_VAE
-        return model, info
-
-    model = load_dit(path, device=device, dtype=dtype)
-    config = _training_config(path)
-    if config:
-        latent = config.get("data_kind") == "latents" or bool(config.get("latents_path"))
-        classes = config.get("classes")
-        info.update(
-            kind="dit_core", space="latent" if latent else "pixel", vae=config.get("vae") if latent else None,
-            label_names=[str(c) for c in classes] if classes else None,
-            noise_schedule=config.get("noise_schedule", "linear"), diffusion_steps=config.get("diffusion_steps", 1000),
-            sampler=config.get("sample_sampler"), steps=config.get("sample_steps"),
-            cfg_scale=config.get("sample_cfg_scale"),
-        )
-        if latent and not info["vae"]:
-            info["vae"] = _vae_of_latents(config.get("latents_path") or config.get("data_path"))
-    else:  # a bare state dict: the official checkpoints are latent models of SD's VAE
-        latent = model.in_channels == 4
-        info.update(kind="official" if latent else "state_dict", space="latent" if latent else "pixel", vae=OFFICIAL_VAE if latent else None, label_names=None,
-                    sampler="ddpm", steps=250, cfg_scale=4.0)
-    return model, info
-
-
-def _training_config(path: Path) -> dict:
-    """The ``config`` a dit_core training checkpoint carries (read lazily through mmap), else {}."""
-    if path.suffix not in (".pt", ".pth", ".ckpt"):
-        return {}
-    import argparse
-
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - load_dit already accepted the file; old zip formats refuse mmap
-        return {}
-    config = ckpt.get("config") if isinstance(ckpt, dict) else None
-    return dict(config) if isinstance(config, dict) else {}
-
-
-def _vae_of_latents(folder) -> str | None:
-    if not folder:
-        return None
-    manifest = Path(folder) / "manifest.json"
-    if manifest.is_file():
-        import json
-
-        return json.loads(manifest.read_text()).get("vae")
-    return None
-
-
-def parse_classes(spec: str, num_classes: int | None = None) -> list[int]:
-    """``"0-9,12"`` -> ``[0, 1, ..., 9, 12]``: comma-separated numbers and inclusive ranges, in that order."""
-    out: list[int] = []
-    for part in str(spec).replace(" ", "").split(","):
-        if not part:
-            continue
-        try:
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, "")
-                lo, hi = int(lo), int(hi)
-                if hi < lo:
-                    raise ValueError
-                out.extend(range(lo, hi + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise ValueError(f"cannot read class list {spec!r}: use numbers and ranges such as '0-9,12'") from None
-    if not out:
-        raise ValueError(f"class list {spec!r} names no class")
-    if num_classes is not None:
-        bad = [c for c in out if not 0 <= c < num_classes]
-        if bad:
-            raise ValueError(f"classes {bad[:10]} are out of range: this model has classes 0..{num_classes - 1}")
-    return out

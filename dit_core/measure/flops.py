@@ -6,7 +6,7 @@ no arithmetic), run once under :class:`torch.utils.flop_counter.FlopCounterMode`
 (2 per multiply-add) are halved. Patch embedding, every linear layer, adaLN and attention's two batched
 matrix products are counted; normalisation, softmax and activations are not (as in the paper).
 
-``python -m dit_core.flops`` prints all 12 configurations against the published figures.
+``dit-models`` (:mod:`dit_core.cli.models`) prints all 12 configurations against the published figures.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models import DiT, DiT_models, model_kwargs
+from ..models import DiT, DiT_models, model_kwargs
 
 #: Published figures at 256 px: parameters (``pos_embed`` included; shared/reference) and forward Gmacs
 #: (paper Table 4 / Fig. 2, three significant figures).
@@ -80,16 +80,3 @@ def format_table(rows: list[dict]) -> str:
             f"{r['train_gflop_per_image']:>17.1f}"
         )
     return "\n".join(lines)
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Parameters and multiply-adds of the 12 DiT configurations.")
-    parser.add_argument("--image-size", type=int, default=256)
-    args = parser.parse_args(argv)
-    print(format_table(config_table(args.image_size)))
-
-
-if __name__ == "__main__":
-    main()

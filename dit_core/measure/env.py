@@ -14,47 +14,37 @@ import time
 
 import torch
 
+from ..runtime import DTYPES, cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, cuda_has_native_bf16, resolve_device
+from ..runtime import resolve_precision, usable_cores
+
 GIB = 1024**3
 
 # The profiles by GPU memory (GiB as torch reports it; a "24 GB" card shows about 23.6 GiB).
 # (upper bound in GiB, profile); above the last bound the profile depends on the architecture.
 PROFILE_BY_MEMORY = ((16, "rtx3060-12gb"), (30, "rtx3090-24gb"), (45, "a100-40gb"))
+#: The book's GPU track (DiT-B/2 on Imagenette, chapters 01-07) by the number format the card computes natively.
+TRACK_PROFILES = {"bf16": "imagenette-b2", "fp16": "imagenette-b2-fp16"}
 
 
 def cpu_info() -> dict:
     """CPU model, logical cores, cores this process may use, torch threads, and bf16 support.
 
     bf16 on CPU is fast only with hardware support: ``amx_bf16`` (Intel Sapphire Rapids and later, bf16
-    matrix tiles) or ``avx512_bf16`` (Cooper Lake, AMD Zen 4). The flags come from ``/proc/cpuinfo``.
+    matrix tiles) or ``avx512_bf16`` (Cooper Lake, AMD Zen 4) (:func:`dit_core.runtime.cpu_flags`).
     """
-    flags: set[str] = set()
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "flags" and not flags:
-                    flags = set(value.split())
-                elif key == "model name" and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
+    model, flags = cpu_flags()
     return {
         "model": model,
         "logical_cores": os.cpu_count(),
-        "usable_cores": usable,
+        "usable_cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "amx_bf16": "amx_bf16" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "avx512f": "avx512f" in flags,
         "avx2": "avx2" in flags,
-        "bf16_fast": "amx_bf16" in flags or "avx512_bf16" in flags,
+        "bf16_units": cpu_bf16_units(flags),
+        "bf16_fast": cpu_has_fast_bf16(),
         "torch_cpu_capability": _safe(lambda: torch.backends.cpu.get_cpu_capability()),
     }
 
@@ -96,11 +86,8 @@ def attention_backends(device: str | torch.device | None = None) -> dict:
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.float32
+    device = resolve_device(device)
+    dtype = DTYPES[resolve_precision("auto", device, "reduced")] if device.type == "cuda" else torch.float32
     q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
     result = {}
     names = {
@@ -155,6 +142,36 @@ def recommend_profile(report: dict) -> str:
     return "h100-80gb" if str(gpu["capability"]).startswith("9.") else "a100-80gb"
 
 
+def native_bf16(gpu: dict) -> bool:
+    """True for a GPU of compute capability 8.0 or later (Ampere, Ada, Hopper), whose tensor cores compute bf16.
+    Older cards (T4: 7.5, V100: 7.0) run bf16 only emulated, which PyTorch may report as "supported"."""
+    return int(str(gpu["capability"]).split(".")[0]) >= 8
+
+
+def recommend_track(report: dict) -> dict:
+    """The book's track for this machine, and the profiles to use.
+
+    - no CUDA GPU: the CPU track, ``digits`` (pixel space, minutes on a laptop);
+    - a CUDA GPU: the GPU track (Imagenette, DiT-B/2 in chapter 05), ``imagenette-b2`` in bf16 on cards with bf16
+      hardware, ``imagenette-b2-fp16`` (fp16 with a gradient scaler) on older ones. ``long_run`` is the DiT-XL/2
+      profile for the card (:func:`recommend_profile`), with ``long_run_overrides`` that switch it to fp16 where
+      bf16 would be emulated.
+    """
+    gpus = report.get("gpus") or []
+    if not report.get("cuda_available") or not gpus:
+        return {"track": "cpu", "profile": "digits", "precision": None, "long_run": None, "long_run_overrides": {},
+                "why": "no CUDA GPU: the chapters train and sample the digits in pixel space"}
+    gpu = gpus[0]
+    precision = "bf16" if native_bf16(gpu) else "fp16"
+    overrides = {} if precision == "bf16" else {"mixed_precision": "fp16", "tf32": False}
+    why = (f"{gpu['name']} (compute capability {gpu['capability']}, {gpu['memory_gib']} GiB): the chapters train "
+           f"DiT-B/2 on Imagenette latents in {precision}")
+    if precision == "fp16":
+        why += " with a gradient scaler (no bf16 hardware before compute capability 8.0; emulated bf16 is slow)"
+    return {"track": "gpu", "profile": TRACK_PROFILES[precision], "precision": precision,
+            "long_run": recommend_profile(report), "long_run_overrides": overrides, "why": why}
+
+
 def environment_report(probe_attention: bool = True) -> dict:
     """Everything ``dit-env`` prints, as plain data (JSON serialisable)."""
     cuda = torch.cuda.is_available()
@@ -167,7 +184,7 @@ def environment_report(probe_attention: bool = True) -> dict:
         "cuda_available": cuda,
         "gpus": [gpu_info(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "mps_available": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
-        "bf16_supported": bool(cuda and torch.cuda.is_bf16_supported()),
+        "bf16_supported": bool(cuda and cuda_has_native_bf16()),  # in hardware: emulation does not count
         "tf32_supported": bool(cuda and torch.cuda.get_device_capability(0)[0] >= 8),
         "tf32_matmul_enabled": _safe(lambda: torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn_enabled": _safe(lambda: torch.backends.cudnn.allow_tf32),
@@ -177,6 +194,7 @@ def environment_report(probe_attention: bool = True) -> dict:
         "attention": attention_backends() if probe_attention else {},
     }
     report["profile"] = recommend_profile(report)
+    report["track"] = recommend_track(report)
     report["notes"] = _notes(report)
     return report
 
@@ -239,15 +257,21 @@ def format_report(report: dict) -> str:
         for k, v in att.items():
             if v is not True and k != "cudnn":
                 lines.append(f"  {k}: {v}")
-    bf16 = "AMX" if cpu["amx_bf16"] else ("AVX512-BF16" if cpu["avx512_bf16"] else "none")
     lines += [
         f"CPU               {cpu['model']}",
         f"CPU threads       torch {cpu['torch_threads']}, usable cores {cpu['usable_cores']}, logical cores "
         f"{cpu['logical_cores']}, OMP_NUM_THREADS={cpu['omp_num_threads'] or 'unset'}",
-        f"CPU bf16          {bf16} (torch CPU kernels: {cpu['torch_cpu_capability']})",
+        f"CPU bf16          {cpu['bf16_units'] or 'none'} (torch CPU kernels: {cpu['torch_cpu_capability']})",
         f"RAM               {report['ram_gib']} GiB",
         f"profile           {report['profile']}",
     ]
+    track = report.get("track")
+    if track:
+        line = f"track             {track['track']}: chapters use {track['profile']}"
+        if track["track"] == "gpu":
+            flags = "".join(f" --{k.replace('_', '-')} {str(v).lower()}" for k, v in track["long_run_overrides"].items())
+            line += f" ({track['precision']}); DiT-XL/2: dit-train --config {track['long_run']}{flags}"
+        lines.append(line)
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)
 
@@ -274,7 +298,7 @@ FORMAT_BITS = {"fp32": (1, 8, 23), "tf32": (1, 8, 10), "bf16": (1, 8, 7), "fp16"
 def matmul_modes(device: str | torch.device | None = None) -> list[str]:
     """The matmul precisions worth comparing on ``device``: fp32, bf16 and fp16 everywhere, and TF32 on a
     CUDA GPU of compute capability 8.0 or later (elsewhere it does not exist)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     modes = ["fp32"]
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
         modes.append("tf32")
@@ -290,7 +314,7 @@ def matmul_benchmark(n: int = 1024, modes=None, device: str | torch.device | Non
     product of the same fp32 inputs, computed on ``device``. "bf16" and "fp16" cast both inputs, as autocast
     does; "fp32" runs with TF32 off and "tf32" with it on (the setting is restored afterwards).
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     modes = list(modes or matmul_modes(device))
     unknown = [m for m in modes if m not in FORMAT_BITS]
     if unknown:
@@ -301,7 +325,7 @@ def matmul_benchmark(n: int = 1024, modes=None, device: str | torch.device | Non
     a = torch.randn(n, n, generator=gen).to(device)
     b = torch.randn(n, n, generator=gen).to(device)
     reference = a.double() @ b.double()
-    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = {**DTYPES, "tf32": torch.float32}
     cuda = device.type == "cuda"
     saved = torch.backends.cuda.matmul.allow_tf32
     result = {}

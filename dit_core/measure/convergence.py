@@ -1,0 +1,349 @@
+"""How fast does each training objective converge? Runs, records, the steps-to-quality table and the curves.
+
+One *run* trains a profile with one *method* (a set of :mod:`dit_core.train.objectives` options, or several
+joined by ``+``) for a fixed budget of steps, with the trainer itself (:func:`dit_core.train.train`), keeping a
+checkpoint every ``eval_every`` steps. Each kept checkpoint's EMA model is then sampled per class and scored by
+the dataset's judge (:func:`dit_core.eval.classwise.sample_and_score`): class accuracy and the Fréchet distance
+in the judge's feature space, against training steps and training seconds (the trainer's own step timings:
+sampling, checkpoints and evaluation are not counted; fitting a pixel teacher is recorded apart as
+``setup_seconds``). Every method gets the same budget, batch and learning-rate schedule: the profile's.
+
+A run's record is written atomically when it is complete, and a run that was killed continues where it
+stopped (the trainer resumes from its last checkpoint, scored checkpoints are kept in ``evals.json``).
+
+The headline (:func:`summarize`): the number of steps (and seconds) at which a run first reaches a class
+accuracy of 95 % and a Fréchet distance target, per method as the median over seeds with the range, and its
+ratio to DiT's recipe (``dit``). A run that never gets there within the budget counts as "more than the
+budget" and is shown as such.
+
+``benchmarks/convergence.py`` runs the grid; chapter "Converging faster" reads the records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from ..atomic import atomic_write_text
+
+#: Every option of dit_core.train.objectives at its value in DiT's recipe: the baseline sets them explicitly,
+#: so that it stays DiT's recipe whatever a profile turns on.
+OFF = dict(objective="ddpm", timestep_sampling="uniform", loss_weighting="none", mask_ratio=0.0, repa_weight=0.0)
+
+#: The single methods: their settings, the papers' values where they apply at this scale.
+METHODS = {
+    "dit": {},
+    "flow": dict(objective="flow", learn_sigma=False),
+    "logit_normal": dict(timestep_sampling="logit_normal", logit_mean=0.0, logit_std=1.0),
+    "min_snr": dict(loss_weighting="min_snr", min_snr_gamma=5.0),
+    "mask": dict(mask_ratio=0.5, mask_decoder_depth=1, mae_weight=0.1, mask_finetune_fraction=0.1),
+    # REPA aligns block 8 of 28 (XL) or 4 of 12 (B), about a third of the depth; 2 of 4 here. Its projector is
+    # 2048 wide for a 1152-wide DiT; 256 here for a 128-wide one (2048 would cost more than the DiT itself).
+    "repa": dict(repa_weight=0.5, repa_depth=2, repa_projector_dim=256),
+}
+
+#: The datasets: a profile, its data, its judge, and the evaluation settings. Scoring is not cheap: one score
+#: samples ``per_class`` images per class with ``eval_steps`` guided sampler steps (two forward passes each),
+#: about the compute of 100 training steps of the digits (200 images x 50 steps) and of 200 training steps of
+#: the shapes (150 images of 32 px); every ``eval_every`` steps it doubles to triples the CPU time of a run.
+DATASETS = {
+    "digits": dict(profile="digits", data="digits", eval_every=50, per_class=20, eval_steps=50),
+    "shapes": dict(profile="small-images", data="shapes", eval_every=150, per_class=50, eval_steps=50),
+}
+
+ACCURACY_TARGET = 0.95
+
+
+def method_settings(method: str) -> dict:
+    """The config overrides of ``method``: a name of :data:`METHODS` or several joined by ``+``."""
+    settings = dict(OFF)
+    for part in method.split("+"):
+        if part not in METHODS:
+            raise ValueError(f"unknown method {part!r}; choose from {', '.join(METHODS)} (join several with +)")
+        settings.update(METHODS[part])
+    return settings
+
+
+def config_overrides(method: str, max_steps: int) -> dict:
+    """:func:`method_settings` as training config keys (the fine-tuning fraction becomes steps)."""
+    settings = method_settings(method)
+    fraction = settings.pop("mask_finetune_fraction", None)
+    if fraction is not None:
+        settings["mask_finetune_steps"] = int(round(fraction * max_steps))
+    return settings
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Data and judges
+# ----------------------------------------------------------------------------------------------------------
+
+
+def prepare_data(dataset: str, work: Path) -> str:
+    """The ``data_path`` of a dataset: "digits" (the trainer exports them), or the shapes folder, generated
+    once into ``work/data/shapes`` (``python -m dit_core.data.shapes``)."""
+    if DATASETS[dataset]["data"] == "digits":
+        return "digits"
+    from ..data.shapes import generate_shapes
+
+    return str(generate_shapes(work / "data" / "shapes"))
+
+
+def judge_for(dataset: str, class_names, image_size: int, channels: int):
+    """The dataset's judge (:mod:`dit_core.eval.classwise`)."""
+    from ..eval.classwise import digits_judge
+
+    if dataset == "digits":
+        return digits_judge()
+    from ..eval.shapes import classifier
+
+    return classifier(class_names, image_size, "L" if channels == 1 else "RGB")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One run
+# ----------------------------------------------------------------------------------------------------------
+
+
+def training_seconds(metrics_path: Path) -> dict[int, float]:
+    """Cumulative training seconds at every logged step, from the trainer's own step rates (``steps_per_s``
+    over each logging window: pauses for checkpoints and grids excluded; a resumed run's windows add up)."""
+    seconds, total, previous = {}, 0.0, 0
+    for line in metrics_path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("steps_per_s"):
+            total += (record["step"] - previous) / record["steps_per_s"]
+            previous = record["step"]
+            seconds[record["step"]] = total
+    return seconds
+
+
+def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
+            eval_every: int | None = None, per_class: int | None = None, eval_steps: int | None = None,
+            overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False) -> dict:
+    """Train ``method`` on ``dataset`` with ``seed`` for ``max_steps`` (default: the profile's) in
+    ``work/<dataset>/<method>/seed<seed>``, score every ``eval_every`` steps, and return the run's record.
+
+    Resumes a killed run. ``overrides``: further config keys (e.g. a smaller model for a smoke run). Scored
+    checkpoints are deleted unless ``keep_checkpoints``; the record is also written to ``record.json``.
+    """
+    import torch
+
+    from ..diffusion import create_process
+    from ..eval.classwise import sample_and_score
+    from ..train import make_config, train
+    from ..train.config import read_profile
+    from ..checkpoint import load_dit
+
+    spec = DATASETS[dataset]
+    work = Path(work)
+    out = work / dataset / method / f"seed{seed}"
+    if (out / "record.json").is_file():
+        return json.loads((out / "record.json").read_text())
+    profile = read_profile(spec["profile"])
+    max_steps = int(max_steps or profile.get("max_steps", 1000))
+    eval_every = int(eval_every or spec["eval_every"])
+    per_class, eval_steps = int(per_class or spec["per_class"]), int(eval_steps or spec["eval_steps"])
+    settings = {**config_overrides(method, max_steps), **(overrides or {})}
+    data_path = settings.pop("data_path", None) or prepare_data(dataset, work)
+    cfg = make_config(spec["profile"], {
+        "data_path": data_path, "out": str(out), "seed": seed, "max_steps": max_steps, "ckpt_every": eval_every,
+        "keep_every": eval_every, "log_every": eval_every, "sample_every": 0, "sample_at_end": False,
+        "tensorboard": False, "progress": progress, "resume": "auto", "num_workers": 0, **settings})
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    fresh = not (out / "checkpoints" / "last.pt").exists()
+    summary = train(cfg)
+    # building the model and the data, and with REPA on pixels fitting the teacher: once per run
+    setup = summary["wall_seconds"] - summary["train_seconds"] if fresh else None
+    seconds = training_seconds(out / "metrics.jsonl")
+
+    # score every kept checkpoint, oldest first; each score is kept, so a killed evaluation continues
+    evals_path = out / "evals.json"
+    evals = json.loads(evals_path.read_text()) if evals_path.is_file() else []
+    done = {e["step"] for e in evals}
+    config = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=True, mmap=True)["config"]
+    classes = [str(c) for c in config["classes"]]
+    channels, size = config["sample_shape"][0], config["sample_shape"][-1]
+    judge = judge_for(dataset, classes, size, channels)
+    process = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
+                             diffusion_steps=cfg.diffusion_steps)
+    for path in sorted((out / "checkpoints").glob("step_*.pt")):
+        step = int(path.stem.split("_")[1])
+        if step not in done:
+            model = load_dit(path)
+            with torch.random.fork_rng(devices=[]):
+                result = sample_and_score(model, process, judge, class_names=classes, per_class=per_class,
+                                          cfg_scale=cfg.sample_cfg_scale, sampler="ddim", steps=eval_steps, seed=0)
+            evals.append({"step": step, "seconds": seconds.get(step), "class_accuracy": result["class_accuracy"],
+                          "frechet_distance": result["frechet_distance"], "real_floor": result["real_floor"]})
+            evals.sort(key=lambda e: e["step"])
+            atomic_write_text(evals_path, json.dumps(evals, indent=1) + "\n")
+        if not keep_checkpoints:
+            path.unlink()
+    record = {
+        "dataset": dataset, "method": method, "seed": seed, "settings": settings, "max_steps": max_steps,
+        "batch_size": cfg.batch_size, "eval_every": eval_every, "per_class": per_class, "eval_steps": eval_steps,
+        "cfg_scale": cfg.sample_cfg_scale, "sampler": "ddim" if cfg.objective == "ddpm" else "euler (= ddim)",
+        "classifier_val_accuracy": float(judge.val_accuracy), "evals": evals,
+        "train_seconds": max(seconds.values()) if seconds else None, "setup_seconds": setup,
+        "threads": torch.get_num_threads(), "wall_seconds_this_call": time.perf_counter() - t0,
+        "final_loss": summary.get("final_loss"),
+    }
+    atomic_write_text(out / "record.json", json.dumps(record, indent=1) + "\n")
+    if not keep_checkpoints:
+        shutil.rmtree(out / "data", ignore_errors=True)
+    return record
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading the records: steps to a target, the table, the curves
+# ----------------------------------------------------------------------------------------------------------
+
+
+def first_reaching(evals: list[dict], key: str, target: float, lower_is_better: bool = False):
+    """The first evaluation at which ``key`` reaches ``target`` (``>=``, or ``<=`` when lower is better), or
+    None within the run."""
+    for e in evals:
+        value = e.get(key)
+        if value is not None and (value <= target if lower_is_better else value >= target):
+            return e
+    return None
+
+
+def _spread(values: list[float | None], budget: float | None) -> dict:
+    """Median and range of per-seed values; None (never reached) counts as above the budget."""
+    reached = [v for v in values if v is not None]
+    ranked = sorted(v if v is not None else math.inf for v in values)
+    median = statistics.median(ranked) if ranked else math.inf
+    return {"median": median, "min": ranked[0] if ranked else math.inf, "max": ranked[-1] if ranked else math.inf,
+            "reached": len(reached), "seeds": len(values), "budget": budget}
+
+
+def fd_target_of(records: list[dict]) -> float | None:
+    """The default Fréchet-distance target: the median over seeds of DiT's final distance (the quality the
+    baseline reaches at the end of its budget)."""
+    finals = [r["evals"][-1]["frechet_distance"] for r in records if r["method"] == "dit" and r["evals"]]
+    return statistics.median(finals) if finals else None
+
+
+def summarize(records: list[dict], accuracy_target: float = ACCURACY_TARGET, fd_target: float | None = None) -> list[dict]:
+    """One row per method: steps and seconds to ``accuracy_target`` and to ``fd_target`` (default:
+    :func:`fd_target_of`), each as median and range over seeds, the ratio of DiT's median to the method's (above
+    1: faster), and the final accuracy and distance."""
+    fd_target = fd_target if fd_target is not None else fd_target_of(records)
+    by_method: dict[str, list[dict]] = {}
+    for r in records:
+        by_method.setdefault(r["method"], []).append(r)
+    rows = []
+    for method, runs in by_method.items():
+        budget = max(r["max_steps"] for r in runs)
+        row = {"method": method, "seeds": len(runs), "budget_steps": budget}
+        for name, key, target, lower in (("accuracy", "class_accuracy", accuracy_target, False),
+                                         ("fd", "frechet_distance", fd_target, True)):
+            hits = [first_reaching(r["evals"], key, target, lower) if target is not None else None for r in runs]
+            row[f"steps_to_{name}"] = _spread([h["step"] if h else None for h in hits], budget)
+            row[f"seconds_to_{name}"] = _spread([h["seconds"] if h else None for h in hits], None)
+        row["final_accuracy"] = statistics.median(r["evals"][-1]["class_accuracy"] for r in runs if r["evals"])
+        row["final_fd"] = statistics.median(r["evals"][-1]["frechet_distance"] for r in runs if r["evals"])
+        row["seconds_per_step"] = statistics.median(r["train_seconds"] / r["max_steps"] for r in runs
+                                                    if r.get("train_seconds"))
+        rows.append(row)
+    base = next((r for r in rows if r["method"] == "dit"), None)
+    for row in rows:
+        for name in ("accuracy", "fd"):
+            for unit in ("steps", "seconds"):
+                b = base[f"{unit}_to_{name}"]["median"] if base else math.inf
+                m = row[f"{unit}_to_{name}"]["median"]
+                row[f"{unit}_speedup_{name}"] = b / m if math.isfinite(b) and math.isfinite(m) and m > 0 else None
+    order = ["dit"] + [m for m in METHODS if m != "dit"]
+    rows.sort(key=lambda r: (order.index(r["method"]) if r["method"] in order else len(order), r["method"]))
+    for row in rows:
+        row["targets"] = {"accuracy": accuracy_target, "fd": fd_target}
+    return rows
+
+
+def best_combination(records: list[dict], accuracy_target: float = ACCURACY_TARGET) -> str:
+    """The combination to measure: every single method whose median steps to ``accuracy_target`` beat DiT's
+    (several joined by ``+``); the best single one when none or one did."""
+    rows = [r for r in summarize(records, accuracy_target) if "+" not in r["method"]]
+    base = next((r for r in rows if r["method"] == "dit"), None)
+    if base is None:
+        raise ValueError("the combination is chosen from the single methods' records, which need DiT's ('dit')")
+    key = lambda r: (r["steps_to_accuracy"]["median"], r["final_fd"])  # noqa: E731
+    better = [r["method"] for r in sorted(rows, key=key) if r["method"] != "dit" and key(r) < key(base)]
+    if len(better) >= 2:
+        return "+".join(m for m in METHODS if m in better)
+    return better[0] if better else min((r for r in rows if r["method"] != "dit"), key=key)["method"]
+
+
+def _cell(spread: dict, unit: str = "") -> str:
+    def fmt(v):
+        return f">{spread['budget']}" if not math.isfinite(v) and spread.get("budget") else \
+            ("never" if not math.isfinite(v) else f"{v:.0f}{unit}")
+
+    if spread["seeds"] == 1 or spread["min"] == spread["max"]:
+        return fmt(spread["median"])
+    return f"{fmt(spread['median'])} [{fmt(spread['min'])}, {fmt(spread['max'])}]"
+
+
+def format_table(rows: list[dict]) -> str:
+    """The summary as a Markdown table: median [min, max] over seeds (">N": not reached within the budget of N
+    steps), and the speed-up over DiT's recipe (its median divided by the method's)."""
+    if not rows:
+        return "(no records)"
+    t = rows[0]["targets"]
+    fd = f"FD <= {t['fd']:.2f}" if t["fd"] is not None else "FD target"
+    lines = [f"| method | seeds | steps to {t['accuracy']:.0%} acc. | x DiT | steps to {fd} | x DiT | "
+             "s/step | final acc. | final FD |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        speed = [f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("steps_speedup_accuracy", "steps_speedup_fd")]
+        lines.append(f"| {r['method']} | {r['seeds']} | {_cell(r['steps_to_accuracy'])} | {speed[0]} | "
+                     f"{_cell(r['steps_to_fd'])} | {speed[1]} | {r['seconds_per_step']:.3f} | "
+                     f"{r['final_accuracy']:.1%} | {r['final_fd']:.2f} |")
+    return "\n".join(lines)
+
+
+def load_records(path: str | os.PathLike) -> dict:
+    """A results file of ``benchmarks/convergence.py`` (``runs``, ``settings``, ``environment``)."""
+    return json.loads(Path(path).read_text())
+
+
+def plot_curves(records: list[dict], x: str = "step", ax=None, accuracy_target: float = ACCURACY_TARGET):
+    """Class accuracy and Fréchet distance against ``x`` ("step" or "seconds") per method: the median over
+    seeds, the range shaded. Returns the figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig = ax[0].figure
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    for i, method in enumerate(methods):
+        runs = [r for r in records if r["method"] == method and r["evals"]]
+        steps = sorted({e["step"] for r in runs for e in r["evals"]})
+        for a, key in zip(ax, ("class_accuracy", "frechet_distance")):
+            table = np.array([[next((e[key] for e in r["evals"] if e["step"] == s), np.nan) for s in steps]
+                              for r in runs])
+            xs = np.array(steps, dtype=float)
+            if x == "seconds":
+                xs = np.nanmedian([[next((e["seconds"] or np.nan for e in r["evals"] if e["step"] == s), np.nan)
+                                    for s in steps] for r in runs], axis=0)
+            style = dict(color=f"C{i}", lw=2.2 if method == "dit" else 1.4, ls="-" if "+" not in method else "--")
+            a.plot(xs, np.nanmedian(table, axis=0), label=method, **style)
+            if len(runs) > 1:
+                a.fill_between(xs, np.nanmin(table, axis=0), np.nanmax(table, axis=0), color=f"C{i}", alpha=0.15)
+    ax[0].axhline(accuracy_target, color="grey", lw=0.8, ls=":")
+    ax[0].set_ylabel("class accuracy")
+    ax[1].set_ylabel("Fréchet distance (judge features)")
+    ax[1].set_yscale("log")
+    for a in ax:
+        a.set_xlabel("training step" if x == "step" else "training seconds (one CPU thread)")
+        a.grid(alpha=0.3)
+    ax[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig

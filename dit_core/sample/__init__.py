@@ -1,0 +1,19 @@
+"""Generating images from a DiT, and the files they go to.
+
+- :mod:`.samplers`: :func:`generate`: classifier-free guidance, DDPM / DDIM / DPM-Solver++, pixels or VAE
+  latents, reproducible per sample;
+- :mod:`.files`: labelled PNG grids, the FID ``.npz`` (also streamed), opening a checkpoint for sampling
+  (:func:`load_model`);
+- :mod:`.shards`: FID-scale sampling: 50,000 images in resumable shards, split across processes, assembled
+  into one ``.npz``; uniform or balanced labels.
+
+``dit-sample`` is the command line (:mod:`dit_core.cli.sample`).
+"""
+
+from .files import load_model, make_grid, parse_classes, save_grid, save_npz, to_uint8
+from .samplers import (SAMPLERS, check_guidance, ddim_timesteps, dpm_solver_scheduler, generate, has_null_class,
+                       respaced, sampling_copy)
+
+__all__ = ["SAMPLERS", "check_guidance", "ddim_timesteps", "dpm_solver_scheduler", "generate", "has_null_class",
+           "load_model", "make_grid", "parse_classes", "respaced", "sampling_copy", "save_grid", "save_npz",
+           "to_uint8"]
