@@ -221,6 +221,24 @@ def preload(dataset, device: torch.device):
 # ----------------------------------------------------------------------------------------------------------
 
 
+def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: bool = True) -> list:
+    """Pre-flight (:mod:`dit_core.train.preflight`): print what cannot work in this run, with the key and the
+    fix, before the first step; raise a :class:`ConfigError` for the findings that are certain to fail. Every
+    process checks (the check is pure and reads a few file headers), so all of them stop together; only the
+    main process prints. Returns the findings."""
+    from .preflight import DatasetFacts, errors, format_findings, preflight
+
+    if cfg.debug:  # the facts of the whole dataset, not of --debug's subset
+        dataset = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
+    findings = preflight(cfg, DatasetFacts.of(dataset, num_classes))
+    fatal = errors(findings)
+    if fatal:
+        raise ConfigError("pre-flight: this run cannot work:\n" + format_findings(fatal))
+    if findings and show:
+        print(format_findings(findings), flush=True)
+    return findings
+
+
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train a DiT as ``cfg`` says and return the end-of-run summary (also in ``<out>/summary.json``).
 
@@ -230,6 +248,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     t_start = time.perf_counter()
     procs = distributed.setup(cfg.device)
     device = procs.device
+    planned = cfg  # what pre-flight checks: the run as configured, not --debug's 5 steps
     if cfg.debug:
         cfg = debug_config(cfg, procs.world_size)
     try:
@@ -257,6 +276,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     if cfg.subset:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.subset, len(dataset))))
     is_latent = hasattr(getattr(dataset, "dataset", dataset), "latent_shape")
+    check_before_training(planned, dataset, num_classes, procs.is_main)
 
     # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
