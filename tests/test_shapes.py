@@ -148,3 +148,25 @@ def test_sample_and_score_an_untrained_model():
                                      class_names=["circle", "square", "triangle"], per_class=2, steps=2)
     assert out["images"].shape == (6, 3, 32, 32) and out["labels"].tolist() == [0, 0, 1, 1, 2, 2]
     assert 0 <= out["class_accuracy"] <= 1 and out["frechet_distance"] > 0
+
+
+def test_dit_data_shapes_command(tmp_path, capsys):
+    from dit_core.cli.data import main as dit_data
+
+    out = tmp_path / "mine"
+    assert dit_data(["shapes", str(out), "--per-class", "3", "--classes", "star,circle", "--seed", "1"]) == 0
+    assert "6 images, 2 classes (star, circle)" in capsys.readouterr().out
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["seed"] == 1 and manifest["classes"] == ["star", "circle"] and manifest["per_class"] == 3
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["circle", "star"]
+    ds = ImageFolderDataset(out, 32, flip=False)
+    assert len(ds) == 6 and ds.classes == ["circle", "star"]
+    assert dit_data(["shapes", str(out), "--per-class", "3", "--classes", "star,circle", "--seed", "1"]) == 0  # kept
+    assert dit_data(["shapes", str(out), "--per-class", "4", "--classes", "star,circle", "--seed", "1"]) == 2
+    assert "other parameters" in capsys.readouterr().err
+    assert dit_data(["shapes", str(tmp_path / "x"), "--classes", "hexagon"]) == 2
+    assert "classes must be some of" in capsys.readouterr().err
+    assert dit_data(["shapes", str(tmp_path / "grey"), "--per-class", "2", "--grayscale"]) == 0
+    from PIL import Image
+
+    assert {Image.open(p).mode for p in (tmp_path / "grey").rglob("*_*.*")} == {"L"}
