@@ -170,3 +170,29 @@ def test_dit_data_shapes_command(tmp_path, capsys):
     from PIL import Image
 
     assert {Image.open(p).mode for p in (tmp_path / "grey").rglob("*_*.*")} == {"L"}
+
+
+def test_grids_of_the_trainer_and_of_dit_sample_name_the_folders_classes(tmp_path, monkeypatch):
+    """A reader's folder, as the digits: the class names in the sample grids are the folder names."""
+    import dit_core.sample as sample_module
+    from dit_core.cli.sample import main as dit_sample
+    from dit_core.cli.train import main as dit_train
+
+    folder = generate_shapes(tmp_path / "mine", per_class=2, classes=("star", "circle"))
+    drawn = []
+    real_save_grid = sample_module.save_grid
+
+    def spy(images, path, nrow=None, labels=None, **kw):
+        drawn.append(list(labels or []))
+        return real_save_grid(images, path, nrow=nrow, labels=labels, **kw)
+
+    monkeypatch.setattr(sample_module, "save_grid", spy)
+    run = tmp_path / "run"
+    assert dit_train(["--config", "small-images", "--data-path", str(folder), "--out", str(run), "--image-size", "8",
+                      "--patch-size", "2", "--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--max-steps",
+                      "2", "--sample-per-class", "1", "--sample-steps", "2", "--tensorboard", "false", "--progress",
+                      "false", "--debug", "true"]) == 0
+    assert drawn[-1] == ["circle", "star"]  # one row per class, in the label order (sorted folder names)
+    assert dit_sample(["--ckpt", str(run), "--per-class", "2", "--steps", "2", "--grid", str(tmp_path / "g.png"),
+                       "--no-progress"]) == 0
+    assert drawn[-1] == ["circle", "circle", "star", "star"] and (tmp_path / "g.png").is_file()
