@@ -446,3 +446,27 @@ def test_an_image_folder_with_flips_is_preloaded_and_flipped_as_the_loader_does(
     assert main([*args, "--out", str(tmp_path / "b"), "--preload", "false"]) == 0
     a, b = (torch.load(tmp_path / r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_small_images_profile_takes_the_folders_classes_and_size(tmp_path, capsys):
+    """`dit-train --config small-images --data-path FOLDER`: classes from the folder names, any count; a grey
+    folder is named by the pre-flight check, and --channels / --image-size fit the model to it."""
+    from dit_core.data.shapes import generate_shapes
+
+    cfg = make_config("small-images")
+    assert (cfg.image_size, cfg.channels, cfg.flip, cfg.data_path) == (32, 3, True, None)
+    folder = generate_shapes(tmp_path / "grey", per_class=3, classes=("star", "cross"), mode="L")
+    small = ["--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--tensorboard", "false", "--progress", "false",
+             "--debug", "true"]
+    assert main(["--config", "small-images", "--data-path", str(folder), "--out", str(tmp_path / "a"), *small]) == 0
+    out = capsys.readouterr().out
+    run = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["run"]
+    assert run["classes"] == ["cross", "star"] and run["num_classes"] == 2 and run["sample_shape"] == [3, 32, 32]
+    assert "pre-flight warning [channels]" in out and "fix: --channels 1." in out
+    assert main(["--config", "small-images", "--data-path", str(folder), "--out", str(tmp_path / "b"), *small,
+                 "--channels", "1", "--image-size", "48"]) == 0
+    assert "[channels]" not in capsys.readouterr().out
+    run = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())["run"]
+    assert run["sample_shape"] == [1, 48, 48]
+    model = load_dit(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert (model.in_channels, model.input_size, model.num_classes) == (1, 48, 2)
