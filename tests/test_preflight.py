@@ -9,7 +9,7 @@ from dit_core.train.preflight import DatasetFacts, Finding, errors, format_findi
 
 # The data each shipped profile is made for.
 DIGITS = DatasetFacts(num_images=1437, num_classes=10, sample_shape=(1, 8, 8))
-SHAPES = DatasetFacts(num_images=900, num_classes=3, sample_shape=(3, 32, 32))
+SHAPES = DatasetFacts(num_images=900, num_classes=3, sample_shape=(3, 16, 16))
 IMAGENET = DatasetFacts(num_images=1_281_167, num_classes=1000, sample_shape=(4, 32, 32), is_latent=True)
 FACTS = {"digits": DIGITS, "small-images": SHAPES}
 
