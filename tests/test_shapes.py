@@ -128,8 +128,8 @@ def test_model_classes_are_mapped_by_name():
 
 
 def test_digits_and_shapes_share_the_scoring_path():
-    from dit_core import evaluate
-    from dit_core.digits_eval import load_real_digits
+    from dit_core.eval import digits as evaluate
+    from dit_core.eval.digits import load_real_digits
 
     images, labels = load_real_digits("val")
     shared = classwise.score(images, labels, classwise.digits_judge())
