@@ -9,7 +9,7 @@ from dit_core.train.preflight import DatasetFacts, Finding, errors, format_findi
 
 # The data each shipped profile is made for.
 DIGITS = DatasetFacts(num_images=1437, num_classes=10, sample_shape=(1, 8, 8))
-SHAPES = DatasetFacts(num_images=900, num_classes=3, sample_shape=(3, 32, 32))
+SHAPES = DatasetFacts(num_images=900, num_classes=3, sample_shape=(3, 16, 16))
 IMAGENET = DatasetFacts(num_images=1_281_167, num_classes=1000, sample_shape=(4, 32, 32), is_latent=True)
 FACTS = {"digits": DIGITS, "small-images": SHAPES}
 
@@ -149,3 +149,49 @@ def test_grey_folders_and_small_images(tmp_path):
     assert [f.key for f in found] == ["image_size"] and "--image-size 32." == found[0].fix
     assert preflight(make_config("small-images", {"channels": 1}),
                      DatasetFacts(900, 3, (1, 32, 32), grey_share=0.0, median_side=64))[0].key == "channels"
+
+
+# -- the check in dit-train itself: printed before the first step, errors stop the run ----------------------
+
+RUN_ARGS = ["--model", "DiT-S/2", "--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--image-size", "8",
+            "--channels", "3", "--flip", "false", "--batch-size", "8", "--num-workers", "0", "--tensorboard", "false",
+            "--progress", "false", "--sample-at-end", "false", "--diffusion-steps", "100"]
+
+
+@pytest.fixture(scope="module")
+def small_folder(tmp_path_factory):
+    from dit_core.data.shapes import generate_shapes
+
+    return generate_shapes(tmp_path_factory.mktemp("preflight") / "shapes", per_class=4)
+
+
+def test_dit_train_prints_the_ema_warning_before_the_first_step(tmp_path, small_folder, capsys):
+    from dit_core.cli.train import main
+
+    # the paper's EMA (0.9999, no warm-up) on a 150-step run; --debug trains 5 of them, the check sees all 150
+    code = main(["--data-path", str(small_folder), "--out", str(tmp_path / "run"), *RUN_ARGS, "--max-steps", "150",
+                 "--ema-decay", "0.9999", "--ema-warmup", "false", "--lr", "1e-4", "--debug", "true"])
+    out = capsys.readouterr().out
+    assert code == 0
+    warning = out.index("pre-flight warning [ema_decay]")
+    assert "98.5 %" in out and "fix: --ema-warmup true" in out
+    assert warning < out.index("step ")  # before the training log
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()  # a warning does not stop the run
+
+
+def test_dit_train_quiet_on_a_sound_run(tmp_path, small_folder, capsys):
+    from dit_core.cli.train import main
+
+    code = main(["--data-path", str(small_folder), "--out", str(tmp_path / "run"), *RUN_ARGS, "--max-steps", "100",
+                 "--batch-size", "4", "--ema-warmup", "true", "--lr", "1e-4", "--debug", "true"])
+    assert code == 0 and "pre-flight" not in capsys.readouterr().out
+
+
+def test_dit_train_stops_on_a_certain_failure_before_training(tmp_path, small_folder, capsys):
+    from dit_core.cli.train import main
+
+    code = main(["--data-path", str(small_folder), "--out", str(tmp_path / "run"), *RUN_ARGS, "--max-steps", "10",
+                 "--image-size", "10", "--model", "DiT-S/4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "pre-flight" in err and "[patch_size]" in err and "fix: --patch-size 2" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -422,3 +422,51 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, digits_dir):
     # the metric records of the interrupted run after its checkpoint were replaced, not duplicated
     records = lambda run: [(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / run / "metrics.jsonl").open())]
     assert records("killed") == records("ref") and [s for s, _ in records("ref")] == list(range(5, 61, 5))
+
+
+def test_an_image_folder_with_flips_is_preloaded_and_flipped_as_the_loader_does(tmp_path):
+    from dit_core.data import ImageFolderDataset
+    from dit_core.data.shapes import generate_shapes
+    from dit_core.train.batches import SeededItems
+    from dit_core.train.loop import flipped_batch, flips_only, item_flips, preload, unflipped
+
+    folder = generate_shapes(tmp_path / "shapes", per_class=4)
+    ds = ImageFolderDataset(folder, 8, flip=True)
+    assert flips_only(ds) and not flips_only(ImageFolderDataset(folder, 8, flip=False))
+    x_all, y_all = preload(unflipped(torch.utils.data.Subset(ds, range(12))), torch.device("cpu"))
+    assert ds.flip  # the caller's dataset keeps its flips
+    items = [(i, 7 * i + 3) for i in range(12)] + [(i, 5 * i + 1) for i in range(12)]
+    assert 0 < int(item_flips([s for _, s in items]).sum()) < len(items)
+    loader = SeededItems(ds)
+    x, y = flipped_batch(x_all, y_all, items)
+    assert torch.equal(x, torch.stack([loader[it][0] for it in items])) and y.tolist() == [loader[it][1] for it in items]
+    # the whole run: in memory (auto) and through the data loader (false) train the same weights
+    args = [*TINY_ARGS, "--channels", "3", "--flip", "true", "--max-steps", "3", "--data-path", str(folder)]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b"), "--preload", "false"]) == 0
+    a, b = (torch.load(tmp_path / r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_small_images_profile_takes_the_folders_classes_and_size(tmp_path, capsys):
+    """`dit-train --config small-images --data-path FOLDER`: classes from the folder names, any count; a grey
+    folder is named by the pre-flight check, and --channels / --image-size fit the model to it."""
+    from dit_core.data.shapes import generate_shapes
+
+    cfg = make_config("small-images")
+    assert (cfg.image_size, cfg.channels, cfg.flip, cfg.data_path, cfg.objective) == (16, 3, True, None, "flow")
+    folder = generate_shapes(tmp_path / "grey", per_class=3, classes=("star", "cross"), mode="L")
+    small = ["--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--tensorboard", "false", "--progress", "false",
+             "--debug", "true"]
+    assert main(["--config", "small-images", "--data-path", str(folder), "--out", str(tmp_path / "a"), *small]) == 0
+    out = capsys.readouterr().out
+    run = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["run"]
+    assert run["classes"] == ["cross", "star"] and run["num_classes"] == 2 and run["sample_shape"] == [3, 16, 16]
+    assert "pre-flight warning [channels]" in out and "fix: --channels 1." in out
+    assert main(["--config", "small-images", "--data-path", str(folder), "--out", str(tmp_path / "b"), *small,
+                 "--channels", "1", "--image-size", "48"]) == 0
+    assert "[channels]" not in capsys.readouterr().out
+    run = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())["run"]
+    assert run["sample_shape"] == [1, 48, 48]
+    model = load_dit(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert (model.in_channels, model.input_size, model.num_classes) == (1, 48, 2)

@@ -1,8 +1,13 @@
-"""``dit-data``: check an ImageFolder dataset, export the embedded digits, or prepare Imagenette.
+"""``dit-data``: check an ImageFolder dataset, export the embedded digits, write a shapes folder, or prepare Imagenette.
 
     dit-data check ROOT [--image-size 256] [--mode RGB|L] [--split train] [--quick] [--workers N] [--json]
     dit-data digits OUT [--image-size 8] [--val-fraction 0.2] [--seed 0] [--overwrite]
+    dit-data shapes OUT [--per-class 300] [--classes circle,square,triangle] [--seed 0] [--grayscale]
     dit-data imagenette OUT [--archive imagenette2-320.tgz] [--cache DIR] [--no-download]
+
+``dit-data shapes`` writes a folder of coloured shapes (one sub-folder per shape, files of varied size and format;
+:mod:`dit_core.data.shapes`): a stand-in for a reader's own small images, with a judge that scores samples of it
+(``python -m dit_core.eval.shapes RUN``).
 
 ``dit-data imagenette`` is a download by name: it fetches ``imagenette2-320.tgz`` (342 MB) into the cache
 (``$DIT_CACHE``, default ``~/.cache/dit-one-gpu``) unless ``--archive`` or the cache already has it, checks its
@@ -36,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     digits.add_argument("--val-fraction", type=float, default=0.2, help="share of each class put in val/")
     digits.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
     digits.add_argument("--overwrite", action="store_true", help="replace an export made with other settings")
+    shapes = sub.add_parser("shapes", help="write a folder of coloured shapes in varied sizes and file formats (a "
+                                           "stand-in for your own small images; no download)")
+    from dit_core.data.shapes import add_arguments
+
+    add_arguments(shapes)
     nette = sub.add_parser("imagenette", help="download (or take) Imagenette and write it as an ImageFolder with "
                                                "ImageNet-1k labels")
     nette.add_argument("out", help="output folder (written whole at the end; an existing complete one is kept)")
@@ -89,6 +99,10 @@ def main(argv=None) -> int:
 
     if args.command == "imagenette":
         return _imagenette(args)
+    if args.command == "shapes":
+        from dit_core.data.shapes import run
+
+        return run(args)
 
     from dit_core.data.digits import export_digits
 

@@ -5,7 +5,7 @@ small convolutional network is trained on *real* shape images only, rendered in 
 function that writes the folder (encoded in their file format, decoded and center-cropped exactly as the
 trainer reads them), but from another seed: it never sees a generated sample, nor the very images a model
 was trained on. Its accuracy on further held-out real images (``val_accuracy``) is the ceiling of
-:func:`class_accuracy`, and its pooled last-layer activations (64 numbers per image, with 6 colour statistics) are the feature space
+:func:`class_accuracy`, and its pooled last-layer activations (64 numbers per image, with 15 colour and tone statistics) are the feature space
 of the Fréchet distance (:func:`dit_core.eval.classwise.score`).
 
 Why a CNN and not the digits' support-vector machine on pixels: a shape's class is its outline, and the
@@ -115,12 +115,13 @@ class ShapesClassifier:
     ``classes``: the shapes in the label order of the model to judge (the trainer's order is the sorted
     folder names). Real images: ``per_class`` for training, ``val_per_class`` more (other indices, same
     seed) held out for :attr:`val_accuracy`; the distance's reference is the training set, its floor the
-    held-out set (:meth:`real_images`). With the defaults (200 + 100 images per class, 8 epochs) a fit of 3
-    classes takes about 6 s on one core, rendering included.
+    held-out set (:meth:`real_images`). With the defaults (200 + 100 images per class, 12 epochs) a fit of 3
+    classes takes about 8 s on one free core, rendering included. Measured over 5 seeds: 8 epochs gave 89 % to
+    100 % held-out accuracy, 12 epochs 99.7 % to 100 %.
     """
 
     def __init__(self, classes=DEFAULT_CLASSES, image_size: int = 32, mode: str = "RGB", per_class: int = 200,
-                 val_per_class: int = 100, epochs: int = 8, seed: int = JUDGE_SEED):
+                 val_per_class: int = 100, epochs: int = 12, seed: int = JUDGE_SEED):
         self.classes = [str(c) for c in classes]
         self.image_size, self.mode = int(image_size), mode
         x, y = real_shapes(self.classes, per_class, seed=seed, image_size=image_size, mode=mode)
@@ -131,6 +132,14 @@ class ShapesClassifier:
             torch.manual_seed(seed)
             self.net = ShapeNet(len(self.classes))
         self._fit(prepare(x), y, epochs, torch.Generator().manual_seed(seed))
+        self._mean, self._std = 0.0, 1.0
+        raw = self._raw_features(x, 512)
+        # one scale per group (pooled, colour, histogram, border), so each group's variances sum to 1 over the
+        # real images; per-dimension scaling would blow up dimensions that barely vary on real images
+        groups = [slice(0, raw.shape[1] - 15), slice(-15, -9), slice(-9, -1), slice(-1, None)]
+        self._mean, self._std = raw.mean(axis=0), np.ones(raw.shape[1])
+        for g in groups:
+            self._std[g] = np.sqrt(raw[:, g].var(axis=0).sum()) + 1e-6
         self.val_accuracy = float((self.predict(xv) == yv.numpy()).mean())
         self.num_train, self.num_val = len(y), len(yv)
 
@@ -161,18 +170,35 @@ class ShapesClassifier:
         """The predicted label of each image ``(N, C, H, W)`` in [-1, 1]."""
         return self.logits(images).argmax(dim=1).numpy()
 
-    @torch.no_grad()
     def features(self, images, batch: int = 512) -> np.ndarray:
-        """The Fréchet distance's space, 70 numbers per image: the 64 pooled activations that feed the last
-        layer (the outline: kind, size, sharpness, wherever it sits) and the mean and standard deviation of
-        each colour channel (the silhouette drops colour, so these keep a collapse of the colours visible).
-        Grey images get their one channel's statistics three times."""
+        """The Fréchet distance's space, 79 numbers per image in four groups:
+
+        - the 64 pooled activations that feed the last layer (the outline: kind, size, sharpness);
+        - the mean and standard deviation of each colour channel (the silhouette drops colour);
+        - an 8-bin histogram of the silhouette (a real image is two-tone: background near 0, shape near 1,
+          few pixels between; blotches and blocky patches fill the middle bins);
+        - the spread of the border's colour (a real background is plain).
+
+        Each of the four groups is scaled so that its variances add up to 1 over the real training images.
+        The pooled activations alone let random 8x8 colour blocks score closer to real shapes than a slight
+        blur does; with the other 15 numbers the order is right (tests/test_shapes.py).
+        """
+        raw = self._raw_features(images, batch)
+        return (raw - self._mean) / self._std
+
+    @torch.no_grad()
+    def _raw_features(self, images, batch: int) -> np.ndarray:
         x = resize(images)
         s = silhouette(x)
-        pooled = torch.cat([self.net.features(s[i : i + batch]) for i in range(0, len(s), batch)])
+        pooled = torch.cat([self.net.features(s[i : i + batch]) for i in range(0, len(s), batch)]) if len(s) else \
+            torch.empty(0, self.net.head.in_features)
         x = x.expand(-1, 3, -1, -1)
         colour = torch.cat([x.mean(dim=(2, 3)), x.std(dim=(2, 3))], dim=1)
-        return torch.cat([pooled, colour], dim=1).numpy()
+        bins = torch.clamp((s.flatten(1) * 8).long(), max=7)
+        hist = torch.zeros(len(s), 8).scatter_add_(1, bins, torch.ones_like(bins, dtype=torch.float32)) / bins.shape[1]
+        border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)
+        plain = border.std(dim=2).mean(dim=1, keepdim=True)
+        return torch.cat([pooled, colour, hist, plain], dim=1).double().numpy()
 
     def accuracy(self, images, labels) -> float:
         labels = np.asarray(torch.as_tensor(labels).cpu())

@@ -210,6 +210,39 @@ def resume_path(cfg: TrainConfig, out: Path) -> Path | None:
     return path
 
 
+def flips_only(dataset) -> bool:
+    """True when ``dataset[i]`` varies only by a horizontal flip (an image folder with ``flip`` on): its items
+    can be kept in memory unflipped and flipped per item (:func:`flipped_batch`)."""
+    base = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
+    return bool(getattr(base, "flip", False)) and not getattr(base, "sample", False) and hasattr(base, "load")
+
+
+def unflipped(dataset):
+    """The same dataset with flips off (a shallow copy; the caller's dataset is left as it is)."""
+    import copy
+
+    if isinstance(dataset, torch.utils.data.Subset):
+        return torch.utils.data.Subset(unflipped(dataset.dataset), dataset.indices)
+    view = copy.copy(dataset)
+    view.flip = False
+    return view
+
+
+def item_flips(seeds) -> torch.Tensor:
+    """Whether each item is flipped: the first draw of torch's generator seeded with the item's seed, as
+    :class:`~dit_core.train.batches.SeededItems` reading an image folder decides it (``torch.rand(()) < 0.5``)."""
+    return torch.tensor([bool(torch.rand((), generator=torch.Generator().manual_seed(int(s))) < 0.5) for s in seeds],
+                        dtype=torch.bool)
+
+
+def flipped_batch(x_all: torch.Tensor, y_all: torch.Tensor, items) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch ``items`` (``(index, seed)`` pairs) from unflipped preloaded tensors, each image flipped as
+    the data loader would have flipped it: the same batches, without decoding the files at every step."""
+    index = [i for i, _ in items]
+    x, flips = x_all[index], item_flips([s for _, s in items]).to(x_all.device)
+    return torch.where(flips[:, None, None, None], x.flip(-1), x), y_all[index]
+
+
 def preload(dataset, device: torch.device):
     """Every item of a small deterministic dataset, as two tensors on ``device``."""
     xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
@@ -221,6 +254,24 @@ def preload(dataset, device: torch.device):
 # ----------------------------------------------------------------------------------------------------------
 
 
+def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: bool = True) -> list:
+    """Pre-flight (:mod:`dit_core.train.preflight`): print what cannot work in this run, with the key and the
+    fix, before the first step; raise a :class:`ConfigError` for the findings that are certain to fail. Every
+    process checks (the check is pure and reads a few file headers), so all of them stop together; only the
+    main process prints. Returns the findings."""
+    from .preflight import DatasetFacts, errors, format_findings, preflight
+
+    if cfg.debug:  # the facts of the whole dataset, not of --debug's subset
+        dataset = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
+    findings = preflight(cfg, DatasetFacts.of(dataset, num_classes))
+    fatal = errors(findings)
+    if fatal:
+        raise ConfigError("pre-flight: this run cannot work:\n" + format_findings(fatal))
+    if findings and show:
+        print(format_findings(findings), flush=True)
+    return findings
+
+
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train a DiT as ``cfg`` says and return the end-of-run summary (also in ``<out>/summary.json``).
 
@@ -230,6 +281,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     t_start = time.perf_counter()
     procs = distributed.setup(cfg.device)
     device = procs.device
+    planned = cfg  # what pre-flight checks: the run as configured, not --debug's 5 steps
     if cfg.debug:
         cfg = debug_config(cfg, procs.world_size)
     try:
@@ -257,6 +309,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     if cfg.subset:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.subset, len(dataset))))
     is_latent = hasattr(getattr(dataset, "dataset", dataset), "latent_shape")
+    check_before_training(planned, dataset, num_classes, procs.is_main)
 
     # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
@@ -303,9 +356,15 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     order = DataOrder(len(dataset), cfg.seed)
     sampler = MicroBatches(order, cfg.seed, cfg.batch_size, cfg.grad_accum, procs.world_size, procs.rank,
                            start_step=step, end_step=cfg.max_steps, samples_seen=samples_seen)
-    use_preload = cfg.preload == "true" or (cfg.preload == "auto" and is_deterministic(dataset)
+    # Small datasets are kept in memory (decoded once); an image folder with flips is kept unflipped and each
+    # item flipped from its seed, exactly as the data loader would (measured: 13 % of the step spent decoding
+    # 32 px files at 1.6 steps/s on one core).
+    use_preload = cfg.preload == "true" or (cfg.preload == "auto" and (is_deterministic(dataset) or flips_only(dataset))
                                             and len(dataset) * math.prod(sample_shape) * 4 < 2**28)
-    if use_preload:
+    if use_preload and flips_only(dataset):
+        x_all, y_all = preload(unflipped(dataset), device)
+        micro_batches = (flipped_batch(x_all, y_all, items) for items in sampler)
+    elif use_preload:
         if not is_deterministic(dataset):
             raise ConfigError("preload keeps one copy of every item, which would freeze random flips; use "
                               "--flip false or --preload false")
