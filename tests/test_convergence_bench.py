@@ -90,3 +90,16 @@ def test_one_tiny_run_is_recorded_and_resumes(tmp_path):
     (out / "record.json").unlink()
     again = conv.run_one("digits", "flow", 0, tmp_path, **kw)
     assert again["evals"] == rec["evals"] and again["setup_seconds"] is None
+
+
+def test_an_interrupted_run_writes_no_record(tmp_path, monkeypatch):
+    """SIGTERM makes the trainer save and return (``interrupted``); the benchmark must not then score the partial
+    run and record it as complete (it did: a killed benchmark left a record that ended at step 450 of 800)."""
+    import dit_core.train as train_pkg
+
+    monkeypatch.setattr(train_pkg, "train", lambda cfg: {"interrupted": "SIGTERM", "steps": 7, "wall_seconds": 1.0,
+                                                         "train_seconds": 1.0})
+    with pytest.raises(KeyboardInterrupt, match="interrupted .*SIGTERM.* at step 7"):
+        conv.run_one("digits", "flow", 0, tmp_path, max_steps=20, eval_every=10, per_class=2, eval_steps=3,
+                     overrides=dict(depth=2, hidden_size=32, num_heads=2, batch_size=16))
+    assert not (tmp_path / "digits" / "flow" / "seed0" / "record.json").exists()

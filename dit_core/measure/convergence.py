@@ -160,6 +160,9 @@ def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, ma
     t0 = time.perf_counter()
     fresh = not (out / "checkpoints" / "last.pt").exists()
     summary = train(cfg)
+    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record now would be partial
+        raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
+                                f"{summary.get('steps')}; run the benchmark again to resume this run")
     # building the model and the data, and with REPA on pixels fitting the teacher: once per run
     setup = summary["wall_seconds"] - summary["train_seconds"] if fresh else None
     seconds = training_seconds(out / "metrics.jsonl")
@@ -186,7 +189,7 @@ def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, ma
             evals.sort(key=lambda e: e["step"])
             atomic_write_text(evals_path, json.dumps(evals, indent=1) + "\n")
         if not keep_checkpoints:
-            path.unlink()
+            path.unlink(missing_ok=True)
     record = {
         "dataset": dataset, "method": method, "seed": seed, "settings": settings, "max_steps": max_steps,
         "batch_size": cfg.batch_size, "eval_every": eval_every, "per_class": per_class, "eval_steps": eval_steps,
