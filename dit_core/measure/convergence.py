@@ -33,12 +33,13 @@ from ..atomic import atomic_write_text
 
 #: Every option of dit_core.train.objectives at its value in DiT's recipe: the baseline sets them explicitly,
 #: so that it stays DiT's recipe whatever a profile turns on.
-OFF = dict(objective="ddpm", timestep_sampling="uniform", loss_weighting="none", mask_ratio=0.0, repa_weight=0.0)
+OFF = dict(objective="ddpm", learn_sigma=True, sample_sampler="ddim", timestep_sampling="uniform",
+           loss_weighting="none", mask_ratio=0.0, repa_weight=0.0)  # DiT's recipe, also on a profile made for flow
 
 #: The single methods: their settings, the papers' values where they apply at this scale.
 METHODS = {
     "dit": {},
-    "flow": dict(objective="flow", learn_sigma=False),
+    "flow": dict(objective="flow", learn_sigma=False, sample_sampler="euler"),
     "logit_normal": dict(timestep_sampling="logit_normal", logit_mean=0.0, logit_std=1.0),
     "min_snr": dict(loss_weighting="min_snr", min_snr_gamma=5.0),
     "mask": dict(mask_ratio=0.5, mask_decoder_depth=1, mae_weight=0.1, mask_finetune_fraction=0.1),
