@@ -243,3 +243,11 @@ def test_the_shape_check_catches_a_chapter_without_an_ending(tmp_path):
 
     assert add_box(path) and not add_box(path)
     test_chapter_starts_with_its_running_box(path)
+
+
+def test_the_bibliography_parses():
+    """A bibliography entry without its closing brace (a merge left one) stops the whole book build."""
+    pybtex = pytest.importorskip("pybtex.database", reason="pybtex comes with the book's extra (jupyter-book)")
+    entries = pybtex.parse_file(str(BOOK_DIR / "references.bib"), bib_format="bibtex").entries
+    keys = set(re.findall(r"^@\w+\{([^,\s]+),", (BOOK_DIR / "references.bib").read_text(), re.M))
+    assert set(entries) == keys
