@@ -5,6 +5,8 @@
     python benchmarks/convergence.py --quick            # smoke test: tiny budgets, 3 methods, 1 seed (minutes)
     python benchmarks/convergence.py --estimate         # time a few steps of every method, project the full run
     python benchmarks/convergence.py --datasets digits --methods dit,flow --seeds 1    # one pair
+    python benchmarks/convergence.py --datasets shapes --jobs 2 --max-steps 1000 --eval-every 250 \
+        --per-class 50 --eval-steps 25         # the committed shapes grid: a smaller budget (2-core machine)
 
 For each dataset (the digits profile; the small-images profile on a generated shapes folder) and each method
 of :data:`dit_core.measure.convergence.METHODS` (DiT's recipe ``dit``, ``flow``, ``logit_normal``,
@@ -53,7 +55,24 @@ def _run(job: dict) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    return conv.run_one(job["dataset"], job["method"], job["seed"], job["work"], **job["kw"])
+    try:
+        return conv.run_one(job["dataset"], job["method"], job["seed"], job["work"], **job["kw"])
+    except KeyboardInterrupt:  # stopped by a signal: the run saved its checkpoint; take no other run
+        if job.get("worker"):
+            os._exit(143)
+        raise
+
+
+def _pass_on_stop(signum, frame):
+    """SIGTERM (``kill PID``) reaches this process only, and the pool's workers would train on without it (they
+    did): pass it on to the runs in progress, which save a checkpoint and stop, and stop too. The same command
+    started again continues every run where it stopped."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    raise SystemExit(f"convergence: stopped by signal {signum}; the runs in progress saved their checkpoints "
+                     "(start the same command again to continue them)")
 
 
 def environment() -> dict:
@@ -83,8 +102,9 @@ def run_grid(args) -> int:
     seeds = list(range(args.seeds))
     for dataset in args.datasets:
         kw = dict(QUICK[dataset]) if args.quick else {}
-        if args.max_steps:
-            kw["max_steps"] = args.max_steps
+        for key in ("max_steps", "eval_every", "per_class", "eval_steps"):
+            if getattr(args, key):
+                kw[key] = getattr(args, key)
         singles = [m for m in args.methods if m != "best"]
         path = results / f"convergence-{dataset}{'-quick' if args.quick else ''}.json"
         settings = {"methods": {m: conv.config_overrides(m, kw.get("max_steps", 0) or 1) for m in singles},
@@ -122,7 +142,7 @@ def _execute(jobs: list[dict], n: int, path: Path, dataset: str, settings: dict,
     import multiprocessing
 
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in as_completed([pool.submit(_run, job) for job in jobs]):
+        for future in as_completed([pool.submit(_run, {**job, "worker": True}) for job in jobs]):
             done(future.result())
     return records
 
@@ -166,6 +186,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 3; --quick: 1)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each")
     p.add_argument("--max-steps", type=int, default=None, help="budget of every run (default: the profile's)")
+    p.add_argument("--eval-every", type=int, default=None, help="score every N steps (default: the dataset's)")
+    p.add_argument("--per-class", type=int, default=None, help="samples per class in a score (default: the dataset's)")
+    p.add_argument("--eval-steps", type=int, default=None, help="sampler steps of a score (default: the dataset's)")
     p.add_argument("--work", default=str(REPO / "runs" / "convergence"), help="runs' state (resumable)")
     p.add_argument("--results", default=str(REPO / "benchmarks" / "results"), help="where the records go")
     p.add_argument("--quick", action="store_true", help="tiny budgets, methods dit,flow,repa, 1 seed")
@@ -186,6 +209,9 @@ def main(argv=None) -> int:
             conv.method_settings(m)
     if "dit" not in args.methods:
         p.error("the baseline 'dit' is part of every comparison: add it to --methods")
+    import signal
+
+    signal.signal(signal.SIGTERM, _pass_on_stop)
     return estimate(args) if args.estimate else run_grid(args)
 
 

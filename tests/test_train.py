@@ -124,6 +124,17 @@ def test_bad_values_and_replaced_flags_are_explained():
         make_config(None, {"batch_size": 10, "grad_accum": 4})
     with pytest.raises(ConfigError, match="unknown profile 'digit'.*digits"):
         make_config("digit")
+    with pytest.raises(ConfigError, match="threads must be >= 0"):
+        make_config(None, {"threads": -1})
+
+
+def test_threads_apply_to_the_run_and_the_callers_setting_comes_back(tmp_path):
+    """``threads`` sets torch's CPU threads for the run only (a notebook's later cells keep their own)."""
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    summary = train(tiny_config(tmp_path / "t", max_steps=2, threads=other), dataset=LeftRight())
+    assert summary["threads"] == other and torch.get_num_threads() == before
+    assert train(tiny_config(tmp_path / "u", max_steps=2), dataset=LeftRight())["threads"] == before
 
 
 def test_every_profile_loads_and_gpu_profiles_follow_the_paper():

@@ -276,8 +276,20 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train a DiT as ``cfg`` says and return the end-of-run summary (also in ``<out>/summary.json``).
 
     ``dataset`` replaces the data named in the config: anything with ``__len__``, ``__getitem__`` giving
-    ``(x, label)``, and a ``num_classes`` attribute.
+    ``(x, label)``, and a ``num_classes`` attribute. With ``threads`` set, torch uses that many CPU threads for
+    the run and the caller's setting comes back afterwards (a notebook's next cells keep theirs).
     """
+    if not cfg.threads:
+        return _train(cfg, dataset)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, dataset)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(cfg: TrainConfig, dataset=None) -> dict:
     t_start = time.perf_counter()
     procs = distributed.setup(cfg.device)
     device = procs.device
@@ -457,6 +469,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         "images_per_s": steps_done * cfg.batch_size / train_seconds if steps_done else 0.0,
         "precision": precision,
         "device": str(device),
+        "threads": torch.get_num_threads(),  # torch's CPU threads (the config's threads, if set)
         "processes": procs.world_size,
         "peak_memory_gb": peak_memory_gb(device),
         "checkpoint": str(out / "checkpoints" / "last.pt"),
