@@ -94,6 +94,30 @@ def test_classifier_ceiling_and_what_it_says_about_noise():
     assert set(real["per_class_accuracy"]) == set(DEFAULT_CLASSES)
 
 
+def test_the_clean_test_passes_every_real_shape_and_fails_specks_and_holes():
+    """The strict accuracy's second test: a real shape is one piece without holes; a ragged patch is not."""
+    from dit_core.eval.shapes import is_clean
+
+    judge = classifier()
+    xv, yv = judge.real_images("val")
+    assert is_clean(xv).all()  # every held-out real shape (300 images)
+    block = -torch.ones(4, 3, 32, 32)
+    block[:, :, 8:20, 8:20] = 1.0  # one filled square
+    block[1, :, 12:16, 12:16] = -1.0  # a hole in it
+    block[2, :, 26:29, 26:29] = 1.0  # a second piece
+    block[3, :, 8:20:2, 8:20:2] = -1.0  # a sieve
+    assert is_clean(block).tolist() == [True, False, False, False]
+    assert judge.is_clean(block).tolist() == [True, False, False, False]
+    noise = torch.rand(30, 3, 32, 32) * 2 - 1
+    assert is_clean(noise).mean() < 0.2
+    real = classwise.score(xv, yv, judge)
+    assert real["clean_accuracy"] == real["class_accuracy"] >= CEILING
+    specks = xv[:30].clone()
+    specks[:, :, ::5, ::5] = torch.where(specks[:, :, :1, :1] > 0, -1.0, 1.0)  # a grid of far-coloured dots
+    fake = classwise.score(specks, yv[:30], judge)
+    assert fake["clean_accuracy"] < 0.2 and set(fake["per_class_clean_accuracy"]) <= set(DEFAULT_CLASSES)
+
+
 def test_frechet_distance_orders_degradations():
     import torch.nn.functional as F
 

@@ -20,7 +20,10 @@ A judge is any object with:
 - ``predict(images) -> (N,)`` labels and ``features(images) -> (N, D)``, for images ``(N, C, H, W)`` in
   [-1, 1];
 - ``real_images(split) -> (images, labels)`` for ``split`` "train" (the reference of the distance) and
-  "val" (held out: the floor).
+  "val" (held out: the floor);
+- optionally ``is_clean(images) -> (N,)`` booleans: whether each image passes a test of realism that the
+  classifier cannot make (it must file every image under some class). With it, :func:`score` adds the
+  **clean accuracy**: the share of samples that are assigned to their class *and* pass the test.
 
 :class:`dit_core.eval.shapes.ShapesClassifier` is one; :func:`digits_judge` wraps the digits' classifier.
 """
@@ -73,6 +76,11 @@ def score(images, labels, judge, reference: str = "train") -> dict:
         out["per_class_accuracy"] = {str(judge.classes[int(c)]): float((predicted[labels == c] == c).mean())
                                      for c in np.unique(labels)}
         out["predicted"] = predicted
+        if hasattr(judge, "is_clean"):
+            right = (predicted == labels) & np.asarray(judge.is_clean(x), dtype=bool)
+            out["clean_accuracy"] = float(right.mean())
+            out["per_class_clean_accuracy"] = {str(judge.classes[int(c)]): float(right[labels == c].mean())
+                                               for c in np.unique(labels)}
     return out
 
 
