@@ -153,13 +153,14 @@ browser-test: setup
 # both. The chapters' "Running this chapter" boxes read that file, so the next build shows these times; the intro's
 # page is rendered again at once (an incremental Sphinx build re-reads only the changed intro.md), so the HTML
 # is never older than its sources (the browser test checks that).
+BOOK_BUILD = JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS)
 book: setup vendor
 	start=$$(date +%s); \
-	JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS); \
+	$(BOOK_BUILD); \
 	"$(PYTHON)" -m dit_core.book timings record --build-dir _build --since $$start; \
 	if [ book/intro.md -nt _build/html/book/intro.html ]; then \
 	  echo ">> the intro's chapter table has the new times: rendering its page again (the chapters are not re-run)"; \
-	  JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyter-book" build . -W --keep-going --builder html $(BOOK_ARGS); \
+	  $(BOOK_BUILD); \
 	fi
 	@echo ">> book: file://$(CURDIR)/_build/html/index.html"
 	@echo ">> chapter times: book/_timings.json and book/intro.md (commit them)"

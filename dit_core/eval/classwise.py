@@ -72,15 +72,16 @@ def score(images, labels, judge, reference: str = "train") -> dict:
         if len(labels) != len(x):
             raise ValueError(f"{len(x)} images but {len(labels)} labels")
         predicted = np.asarray(judge.predict(x))
-        out["class_accuracy"] = float((predicted == labels).mean())
-        out["per_class_accuracy"] = {str(judge.classes[int(c)]): float((predicted[labels == c] == c).mean())
-                                     for c in np.unique(labels)}
+
+        def per_class(right):
+            return {str(judge.classes[int(c)]): float(right[labels == c].mean()) for c in np.unique(labels)}
+
+        right = predicted == labels
+        out["class_accuracy"], out["per_class_accuracy"] = float(right.mean()), per_class(right)
         out["predicted"] = predicted
         if hasattr(judge, "is_clean"):
-            right = (predicted == labels) & np.asarray(judge.is_clean(x), dtype=bool)
-            out["clean_accuracy"] = float(right.mean())
-            out["per_class_clean_accuracy"] = {str(judge.classes[int(c)]): float(right[labels == c].mean())
-                                               for c in np.unique(labels)}
+            right &= np.asarray(judge.is_clean(x), dtype=bool)
+            out["clean_accuracy"], out["per_class_clean_accuracy"] = float(right.mean()), per_class(right)
     return out
 
 

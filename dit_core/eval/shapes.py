@@ -130,7 +130,7 @@ def is_clean(images) -> np.ndarray:
         area = int(m.sum())
         if area == 0:
             continue
-        pieces, count = ndimage.label(m)
+        pieces, _ = ndimage.label(m)
         largest = np.bincount(pieces.ravel())[1:].max()
         holes = int(ndimage.binary_fill_holes(m).sum()) - area
         out[i] = largest >= CLEAN_LARGEST_SHARE * area and holes <= CLEAN_MAX_HOLES * area
