@@ -167,7 +167,8 @@ def estimate(args) -> int:
                 per_eval = r["wall_seconds_this_call"] - r["train_seconds"] - (r["setup_seconds"] or 0)
                 from dit_core.train.config import read_profile
 
-                budget = args.max_steps or read_profile(profile["profile"]).get("max_steps", 1000)
+                budget = (args.max_steps or profile.get("max_steps")
+                          or read_profile(profile["profile"]).get("max_steps", 1000))
                 minutes = (budget * per_step + budget // profile["eval_every"] * per_eval + (r["setup_seconds"] or 0)) / 60
                 total += minutes * args.seeds * (1 + ("best" in args.methods) / len(SINGLES))
                 print(f"{dataset:8} {method:13} {per_step:8.3f} {per_eval:7.1f} {r['setup_seconds'] or 0:8.1f} "
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
                                                    "(comma-separated; default: all and best; --quick: dit,flow,repa)")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 3; --quick: 1)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each")
-    p.add_argument("--max-steps", type=int, default=None, help="budget of every run (default: the profile's)")
+    p.add_argument("--max-steps", type=int, default=None, help="steps of every run (default: the profile's for digits, 1,000 for shapes)")
     p.add_argument("--eval-every", type=int, default=None, help="score every N steps (default: the dataset's)")
     p.add_argument("--per-class", type=int, default=None, help="samples per class in a score (default: the dataset's)")
     p.add_argument("--eval-steps", type=int, default=None, help="sampler steps of a score (default: the dataset's)")

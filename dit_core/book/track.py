@@ -295,7 +295,8 @@ def train_for(profile: str, overrides: dict, minutes: float | None = None, steps
     t0 = time.perf_counter()
 
     def leg(target: int) -> dict:
-        cfg = make_config(profile, {**overrides, "resume": "auto", "max_steps": target})
+        # the legs are the budget here: a profile's own time budget (max_minutes) would fix the first leg's length
+        cfg = make_config(profile, {**overrides, "resume": "auto", "max_steps": target, "max_minutes": 0})
         return train_fn(cfg)
 
     summaries = []

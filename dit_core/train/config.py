@@ -95,6 +95,8 @@ class TrainConfig:
 
     # -- optimisation -------------------------------------------------------------------------------------
     max_steps: int = _f(400_000, "optimizer steps to train for (the run ends there)")
+    max_minutes: float = _f(0.0, "time budget: the run times its first steps and trains as many steps as fit in "
+                                 "this many minutes (at most max_steps; kept on --resume); 0: off")
     batch_size: int = _f(256, "global batch: images per optimizer step, over all processes and accumulation")
     grad_accum: int = _f(1, "micro-batches accumulated per step; micro-batch = batch_size / (grad_accum x "
                             "processes)")
@@ -323,6 +325,8 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"batch_size {cfg.batch_size} is not divisible by grad_accum {cfg.grad_accum}")
     if cfg.max_steps < 0:
         problems.append("max_steps must be >= 0")
+    if not cfg.max_minutes >= 0:  # also catches NaN
+        problems.append(f"max_minutes must be >= 0 (0: no time budget), got {cfg.max_minutes}")
     if cfg.log_every < 1 or cfg.ckpt_every < 1:
         problems.append(f"log_every ({cfg.log_every}) and ckpt_every ({cfg.ckpt_every}) must be >= 1")
     if cfg.sample_every < 0 or cfg.keep_every < 0 or cfg.subset < 0:

@@ -39,6 +39,7 @@ from ..models import DiT, model_kwargs
 from ..runtime import resolve_precision, set_tf32
 from . import distributed
 from .batches import DataOrder, MicroBatches, SeededItems, derive_seed
+from .budget import TimeBudget
 from .config import ConfigError, TrainConfig, save_yaml, to_dict
 from .ema import create_ema
 from .guard import TrainingDiverged
@@ -272,6 +273,20 @@ def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: boo
     return findings
 
 
+def recheck_for_length(planned: TrainConfig, steps: int, dataset, num_classes: int, shown: list, monitor) -> list:
+    """Pre-flight again once a time budget has fixed the run's length (the checks that count steps could not
+    know it before the first step): writes the findings not shown before; returns all of them."""
+    from .preflight import DatasetFacts, format_findings, preflight
+
+    if planned.debug:
+        return shown
+    findings = preflight(dataclasses.replace(planned, max_steps=steps), DatasetFacts.of(dataset, num_classes))
+    new = [f for f in findings if f not in shown and f.level == "warning"]
+    if new:
+        monitor.write(format_findings(new))
+    return findings
+
+
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train a DiT as ``cfg`` says and return the end-of-run summary (also in ``<out>/summary.json``).
 
@@ -321,7 +336,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     if cfg.subset:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.subset, len(dataset))))
     is_latent = hasattr(getattr(dataset, "dataset", dataset), "latent_shape")
-    check_before_training(planned, dataset, num_classes, procs.is_main)
+    findings = check_before_training(planned, dataset, num_classes, procs.is_main)
 
     # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
@@ -348,7 +363,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     seed_global_generators(cfg.seed, procs.rank)  # per process (the step draws from its own generators)
 
     # -- resume -------------------------------------------------------------------------------------------
-    step, samples_seen, loss_value = 0, 0, float("nan")
+    step, samples_seen, loss_value, budget_steps = 0, 0, float("nan"), None
     ckpt_path = resume_path(cfg, out)
     if ckpt_path is not None:
         info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=stepper.scaler,
@@ -358,9 +373,15 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                               f"{info['config'].get('objective', 'ddpm')}, this run asks for {cfg.objective}")
         step, samples_seen, stepper.ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
         loss_value = float(info["metrics"].get("loss", loss_value))
+        budget_steps = info["config"].get("budget_steps")  # a time budget's decision: kept (dit_core.train.budget)
+    budget = TimeBudget(cfg.max_minutes, cfg.max_steps, cfg.warmup_steps, step, budget_steps,
+                        sync=lambda: torch.cuda.synchronize(device) if device.type == "cuda" else None)
+    if budget.planned is not None:
+        cfg = dataclasses.replace(cfg, max_steps=budget.planned)
     run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
                   "num_classes": num_classes, "classes": [str(c) for c in classes],
-                  "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels"}
+                  "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels",
+                  **({"budget_steps": budget.planned} if budget.planned is not None else {})}
     if procs.is_main:
         save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
 
@@ -411,6 +432,18 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                 result = stepper(step, micro_batches)
                 step += 1
                 samples_seen += cfg.batch_size
+                decided = budget.after_step(step)  # a time budget fixes the run's length once, in the warm-up
+                if decided is not None:
+                    # under torchrun every process decides at this step; the slowest one's length holds for all
+                    decided = budget.planned = int(-distributed.max_over_processes(-decided, procs))
+                    cfg = dataclasses.replace(cfg, max_steps=decided)
+                    run_config["budget_steps"] = decided
+                    monitor.set_total(decided)
+                    if procs.is_main:
+                        monitor.write(budget.describe())
+                        save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items()
+                                                                   if k not in to_dict(cfg)})
+                    findings = recheck_for_length(planned, decided, dataset, num_classes, findings, monitor)
                 stopped = stop.agreed()  # a stop signal (on any process): save and leave after this step
 
                 # 5. log (the only place where the loop reads the device), checkpoint, sample

@@ -73,6 +73,12 @@ class Monitor:
 
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
+    def set_total(self, max_steps: int) -> None:
+        """The run's length changed (a time budget decided it): the progress bar's total follows."""
+        if self.bar is not None:
+            self.bar.total = max_steps
+            self.bar.refresh()
+
     def timed(self, batches):
         """``batches`` (an iterable of batches) as an iterator that adds the time spent waiting in ``next()`` to
         the current interval's data wait."""

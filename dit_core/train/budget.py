@@ -1,0 +1,104 @@
+"""A training time budget (``max_minutes``): as many steps as fit in the minutes given, on whatever machine.
+
+A profile tuned on one machine says "3,400 steps"; on a CPU with bf16 instructions or on a GPU the same steps
+take a fraction of the time, on a slower CPU more. With ``max_minutes`` the run instead measures its own
+speed in its first steps and fixes its length once, before the learning rate leaves its warm-up:
+
+1. steps ``0 .. SETTLE-1`` run untimed (the first steps allocate memory, warm caches, compile);
+2. steps ``SETTLE .. end`` are timed, ``end = max(SETTLE + MIN_TIMED, min(warmup_steps, SETTLE + MAX_TIMED))``;
+3. after step ``end`` the run's length becomes
+   ``end + floor((max_minutes * 60 - seconds spent so far) / seconds per timed step)``,
+   never more than ``max_steps`` (so ``--max-steps`` still caps a budgeted run, and a short ``--max-steps``
+   wins) and never fewer than the steps already done.
+
+The steps before the decision are warm-up steps, whose learning rate does not depend on the run's length, so
+fixing the length late changes nothing that already happened: the run is the run that would have been
+configured with that ``max_steps`` from the start (the cosine decay then ends at it). The decision is
+recorded in the run's ``config.yaml`` (under ``run: budget_steps``) and in every checkpoint, and a resumed run
+keeps it rather than measuring again, so an interrupted run ends at the same step with the same schedule as
+an uninterrupted one. (A run stopped before the decision measures again when it resumes; to train a budgeted
+run on past its length, resume it with ``--max-minutes 0 --max-steps N``.)
+
+The budget covers the training steps; the sample grids and checkpoints written along the way come on top
+(they are seconds each), so a profile leaves them some room (``small-images`` asks for 9.5 minutes).
+"""
+
+from __future__ import annotations
+
+import math
+from time import perf_counter as _clock  # one name, so that tests can give the budget a clock
+
+#: Untimed first steps.
+SETTLE = 3
+#: Timed steps: at least this many ...
+MIN_TIMED = 5
+#: ... and at most this many (fewer when the warm-up ends sooner).
+MAX_TIMED = 50
+
+
+def decision_step(warmup_steps: int) -> int:
+    """The step count after which the length is fixed (see the module docstring)."""
+    return max(SETTLE + MIN_TIMED, min(int(warmup_steps), SETTLE + MAX_TIMED))
+
+
+def planned_steps(minutes: float, cap: int, done: int, spent_s: float, step_s: float) -> int:
+    """The run's length: ``done`` steps taken in ``spent_s`` seconds, ``step_s`` seconds per step from now on,
+    ``minutes`` in all, at most ``cap``, at least ``done``."""
+    if step_s <= 0 or not math.isfinite(step_s):
+        raise ValueError(f"seconds per step must be a positive number, got {step_s}")
+    more = math.floor(max(0.0, minutes * 60.0 - spent_s) / step_s)
+    return int(max(done, min(int(cap), done + more)))
+
+
+class TimeBudget:
+    """The decision of one run. ``minutes``: the budget (0: none); ``cap``: the configured ``max_steps``;
+    ``start_step``: where this session starts (a resumed run); ``planned``: a length decided before (from the
+    checkpoint), which is kept. ``sync`` waits for the device (a GPU runs ahead of the Python loop)."""
+
+    def __init__(self, minutes: float, cap: int, warmup_steps: int, start_step: int = 0,
+                 planned: int | None = None, sync=None):
+        self.minutes, self.cap = float(minutes or 0.0), int(cap)
+        # a decision from before is kept while the budget is on; --max-minutes 0 drops it (max_steps rules)
+        self.planned = None if planned is None or not self.minutes else min(int(planned), self.cap)
+        self.sync = sync or (lambda: None)
+        self.first = start_step + SETTLE  # timing starts after this many steps of this session
+        self.end = max(self.first + MIN_TIMED, decision_step(warmup_steps))
+        self.t_session = _clock()
+        self.t_first = None
+        self.step_s = None  # measured seconds per step
+        self.spent_before = 0.0  # the steps of earlier sessions are in the budget too (estimated: see below)
+        self.start_step = start_step
+
+    @property
+    def active(self) -> bool:
+        return self.minutes > 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether the length is still to be decided."""
+        return self.active and self.planned is None
+
+    def after_step(self, step: int) -> int | None:
+        """Call after each step (``step``: steps done); returns the run's length once, when it is decided."""
+        if not self.pending or step < self.first:
+            return None
+        if step == self.first:
+            self.sync()
+            self.t_first = _clock()
+            return None
+        if step < self.end:
+            return None
+        self.sync()
+        now = _clock()
+        self.step_s = (now - self.t_first) / (step - self.first)
+        # an earlier session's steps (a run resumed before the decision) count at this session's speed
+        spent = (now - self.t_session) + self.start_step * self.step_s
+        self.planned = planned_steps(self.minutes, self.cap, step, spent, self.step_s)
+        return self.planned
+
+    def describe(self) -> str:
+        """One line for the log."""
+        if self.step_s is None:
+            return f"time budget {self.minutes:g} min: {self.planned} steps (decided before this session)"
+        return (f"time budget {self.minutes:g} min: {self.step_s * 1000:.0f} ms a step (steps {self.first + 1}-"
+                f"{self.end}), so {self.planned} steps" + (" (the max_steps cap)" if self.planned == self.cap else ""))
