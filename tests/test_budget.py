@@ -92,3 +92,13 @@ def test_a_negative_or_nan_budget_is_refused():
     for bad in (-1, float("nan")):
         with pytest.raises(ConfigError, match="max_minutes"):
             make_config(None, {"max_minutes": bad})
+
+
+def test_the_length_is_logged_and_checked_again_by_pre_flight(tmp_path, monkeypatch, capsys):
+    fake_clock(monkeypatch)
+    train(budgeted(tmp_path / "run", max_minutes=0.1, max_steps=10_000, sample_every=500), Blobs())
+    out = capsys.readouterr().out
+    before, _, after = out.partition("time budget 0.1 min:")
+    assert "so 88 steps" in after.splitlines()[0]
+    # the cap (10,000 steps) gave pre-flight nothing to say about the grids; the decided 88 steps do
+    assert "sample_every" not in before and "sample_every 500 is longer than the run (88 steps)" in after
