@@ -28,7 +28,8 @@ def test_the_length_is_what_fits_capped_and_never_below_the_steps_done():
 
 
 def test_the_decision_falls_inside_the_warmup_when_there_is_one():
-    assert decision_step(100) == SETTLE + 50  # at most 50 timed steps
+    assert decision_step(1000) == SETTLE + 200  # at most 200 timed steps
+    assert decision_step(100) == 100  # the warm-up's last step
     assert decision_step(20) == 20  # a short warm-up: decided as it ends
     assert decision_step(0) == SETTLE + 5  # no warm-up: after 5 timed steps
 
