@@ -20,7 +20,11 @@ an uninterrupted one. (A run stopped before the decision measures again when it 
 run on past its length, resume it with ``--max-minutes 0 --max-steps N``.)
 
 The budget covers the training steps; the sample grids and checkpoints written along the way come on top
-(they are seconds each), so a profile leaves them some room (``small-images`` asks for 9.5 minutes).
+(they are seconds each), so a profile leaves them some room (``small-images`` asks for 9.5 minutes). The length
+is an estimate: on a shared machine the speed varies (windows of 50 steps took 204 to 275 ms a step on the
+2-core CPU this was measured on). If the steps become slower than measured, the run ends when its minutes are
+spent, before the planned length (with the usual last checkpoint and grid, and a note in the log); resuming it
+trains on to the planned length with the same schedule.
 """
 
 from __future__ import annotations
@@ -54,7 +58,10 @@ def planned_steps(minutes: float, cap: int, done: int, spent_s: float, step_s: f
 class TimeBudget:
     """The decision of one run. ``minutes``: the budget (0: none); ``cap``: the configured ``max_steps``;
     ``start_step``: where this session starts (a resumed run); ``planned``: a length decided before (from the
-    checkpoint), which is kept. ``sync`` waits for the device (a GPU runs ahead of the Python loop)."""
+    checkpoint), which is kept. ``sync`` waits for the device (a GPU runs ahead of the Python loop).
+
+    Time counts the training steps only: what the loop does inside :meth:`pause` (sample grids, checkpoints)
+    is left out of both the measured speed and the deadline."""
 
     def __init__(self, minutes: float, cap: int, warmup_steps: int, start_step: int = 0,
                  planned: int | None = None, sync=None):
@@ -62,13 +69,13 @@ class TimeBudget:
         # a decision from before is kept while the budget is on; --max-minutes 0 drops it (max_steps rules)
         self.planned = None if planned is None or not self.minutes else min(int(planned), self.cap)
         self.sync = sync or (lambda: None)
+        self.start_step = start_step
         self.first = start_step + SETTLE  # timing starts after this many steps of this session
         self.end = max(self.first + MIN_TIMED, decision_step(warmup_steps))
         self.t_session = _clock()
         self.t_first = None
-        self.step_s = None  # measured seconds per step
-        self.spent_before = 0.0  # the steps of earlier sessions are in the budget too (estimated: see below)
-        self.start_step = start_step
+        self.paused = 0.0  # seconds spent in pause()
+        self.step_s = None  # measured seconds per step (None: not measured in this session)
 
     @property
     def active(self) -> bool:
@@ -79,23 +86,36 @@ class TimeBudget:
         """Whether the length is still to be decided."""
         return self.active and self.planned is None
 
+    def elapsed(self) -> float:
+        """Seconds of training steps in this session so far."""
+        return _clock() - self.t_session - self.paused
+
+    def pause(self):
+        """A context that keeps its time out of the budget (grids, checkpoints)."""
+        return _Pause(self)
+
     def after_step(self, step: int) -> int | None:
         """Call after each step (``step``: steps done); returns the run's length once, when it is decided."""
         if not self.pending or step < self.first:
             return None
         if step == self.first:
             self.sync()
-            self.t_first = _clock()
+            self.t_first = self.elapsed()
             return None
         if step < self.end:
             return None
         self.sync()
-        now = _clock()
+        now = self.elapsed()
         self.step_s = (now - self.t_first) / (step - self.first)
         # an earlier session's steps (a run resumed before the decision) count at this session's speed
-        spent = (now - self.t_session) + self.start_step * self.step_s
+        spent = now + self.start_step * self.step_s
         self.planned = planned_steps(self.minutes, self.cap, step, spent, self.step_s)
         return self.planned
+
+    def spent(self) -> bool:
+        """Whether the session that decided the length has used up its minutes (the machine became slower than
+        it measured): the loop then ends the run early. A resumed session runs on to the planned length."""
+        return self.step_s is not None and self.elapsed() + self.start_step * self.step_s >= 60.0 * self.minutes
 
     def describe(self) -> str:
         """One line for the log."""
@@ -103,3 +123,14 @@ class TimeBudget:
             return f"time budget {self.minutes:g} min: {self.planned} steps (decided before this session)"
         return (f"time budget {self.minutes:g} min: {self.step_s * 1000:.0f} ms a step (steps {self.first + 1}-"
                 f"{self.end}), so {self.planned} steps" + (" (the max_steps cap)" if self.planned == self.cap else ""))
+
+
+class _Pause:
+    def __init__(self, budget: TimeBudget):
+        self.budget = budget
+
+    def __enter__(self):
+        self.start = _clock()
+
+    def __exit__(self, *exc):
+        self.budget.paused += _clock() - self.start

@@ -273,6 +273,15 @@ def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: boo
     return findings
 
 
+#: Steps between two looks at the clock for a time budget's deadline (under torchrun each look is a collective).
+BUDGET_CHECK_EVERY = 10
+
+
+def budget_spent(budget: TimeBudget, procs) -> bool:
+    """Whether the time budget's minutes are spent, on any process (then all of them end the run together)."""
+    return bool(distributed.max_over_processes(float(budget.spent()), procs))
+
+
 def recheck_for_length(planned: TrainConfig, steps: int, dataset, num_classes: int, shown: list, monitor) -> list:
     """Pre-flight again once a time budget has fixed the run's length (the checks that count steps could not
     know it before the first step): writes the findings not shown before; returns all of them."""
@@ -444,6 +453,12 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                         save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items()
                                                                    if k not in to_dict(cfg)})
                     findings = recheck_for_length(planned, decided, dataset, num_classes, findings, monitor)
+                elif (budget.step_s is not None and step < cfg.max_steps and step % BUDGET_CHECK_EVERY == 0
+                      and budget_spent(budget, procs)):  # the session that decided the length: its deadline
+                    monitor.write(f"time budget {cfg.max_minutes:g} min spent at step {step} of {cfg.max_steps} (the "
+                                  "steps became slower than measured): the run ends here; --resume true trains on to "
+                                  f"step {cfg.max_steps}")
+                    cfg = dataclasses.replace(cfg, max_steps=step)
                 stopped = stop.agreed()  # a stop signal (on any process): save and leave after this step
 
                 # 5. log (the only place where the loop reads the device), checkpoint, sample
@@ -459,7 +474,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                 save_now = (step % cfg.ckpt_every == 0 or step == cfg.max_steps or stopped is not None
                             or saved.minutes_ago() >= (cfg.ckpt_every_minutes or math.inf))
                 if procs.is_main and save_now:
-                    with monitor.pause():
+                    with monitor.pause(), budget.pause():
                         ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step,
                                     samples_seen=samples_seen, ema_updates=stepper.ema_updates, config=run_config,
                                     dataset_size=len(dataset),
@@ -474,7 +489,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                     break
                 grid_now = cfg.sample_every and step % cfg.sample_every == 0
                 if procs.is_main and (grid_now or (step == cfg.max_steps and cfg.sample_at_end)):
-                    with monitor.pause():
+                    with monitor.pause(), budget.pause():
                         last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
                         if last_grid is not None:
                             monitor.image("samples", last_grid, step)
