@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 import yaml
 
 from dit_core.train import ConfigError, make_config, train
