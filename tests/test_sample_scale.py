@@ -100,7 +100,7 @@ def test_a_model_on_another_device_is_sampled_through_a_temporary_copy(monkeypat
 def test_trainer_grid_leaves_a_cpu_ema_on_the_cpu_and_unchanged(tmp_path, monkeypatch):
     from dit_core.train import make_config
     from dit_core.train.ema import create_ema
-    from dit_core.train.loop import sample_grid
+    from dit_core.train.grids import sample_grid
 
     cfg = make_config(None, dict(out=str(tmp_path), sample_steps=3, sample_per_class=2, sample_classes=[0, 1, 2],
                                  mixed_precision="fp32", ema_device="cpu"))

@@ -5,6 +5,8 @@
 - :mod:`.step`         the training step (micro-batches, loss, backward, the checked update), also what
                        ``dit-bench`` times
 - :mod:`.batches`      data order and per-sample random numbers as functions of ``(seed, step)``
+- :mod:`.budget`       a time budget (``max_minutes``): the run's length from its own measured speed
+- :mod:`.grids`        sample grids of the EMA model during training
 - :mod:`.ema`          the exponential moving average of the weights
 - :mod:`.guard`        the NaN/Inf guard (its verdict stays on the device)
 - :mod:`.preempt`      SIGTERM, SIGUSR1 and Ctrl-C: save at the next step boundary and stop cleanly
