@@ -29,6 +29,7 @@ trains on to the planned length with the same schedule.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from time import perf_counter as _clock  # one name, so that tests can give the budget a clock
 
@@ -90,9 +91,14 @@ class TimeBudget:
         """Seconds of training steps in this session so far."""
         return _clock() - self.t_session - self.paused
 
+    @contextlib.contextmanager
     def pause(self):
         """A context that keeps its time out of the budget (grids, checkpoints)."""
-        return _Pause(self)
+        start = _clock()
+        try:
+            yield
+        finally:
+            self.paused += _clock() - start
 
     def after_step(self, step: int) -> int | None:
         """Call after each step (``step``: steps done); returns the run's length once, when it is decided."""
@@ -118,19 +124,7 @@ class TimeBudget:
         return self.step_s is not None and self.elapsed() + self.start_step * self.step_s >= 60.0 * self.minutes
 
     def describe(self) -> str:
-        """One line for the log."""
-        if self.step_s is None:
-            return f"time budget {self.minutes:g} min: {self.planned} steps (decided before this session)"
+        """One line for the log, after the decision."""
         return (f"time budget {self.minutes:g} min: {self.step_s * 1000:.0f} ms a step (steps {self.first + 1}-"
                 f"{self.end}), so {self.planned} steps" + (" (the max_steps cap)" if self.planned == self.cap else ""))
 
-
-class _Pause:
-    def __init__(self, budget: TimeBudget):
-        self.budget = budget
-
-    def __enter__(self):
-        self.start = _clock()
-
-    def __exit__(self, *exc):
-        self.budget.paused += _clock() - self.start

@@ -274,6 +274,11 @@ def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: boo
     return findings
 
 
+def save_run_config(cfg: TrainConfig, out: Path, run_config: dict) -> None:
+    """``<out>/config.yaml``: the settings, and under ``run:`` the facts of this run (precision, classes, ...)."""
+    save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
+
+
 #: Steps between two looks at the clock for a time budget's deadline (under torchrun each look is a collective).
 BUDGET_CHECK_EVERY = 10
 
@@ -394,7 +399,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                   "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels",
                   **({"budget_steps": budget.planned} if budget.planned is not None else {})}
     if procs.is_main:
-        save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
+        save_run_config(cfg, out, run_config)
 
     # -- batches ------------------------------------------------------------------------------------------
     order = DataOrder(len(dataset), cfg.seed)
@@ -452,8 +457,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                     monitor.set_total(decided)
                     if procs.is_main:
                         monitor.write(budget.describe())
-                        save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items()
-                                                                   if k not in to_dict(cfg)})
+                        save_run_config(cfg, out, run_config)
                     findings = recheck_for_length(planned, decided, dataset, num_classes, findings, monitor)
                 elif (budget.step_s is not None and step < cfg.max_steps and step % BUDGET_CHECK_EVERY == 0
                       and budget_spent(budget, procs)):  # the session that decided the length: its deadline
