@@ -6,8 +6,9 @@ questions before it computes anything; each is answered here, once:
 * :func:`resolve_device`: ``"auto"`` is the first CUDA GPU, else Apple's MPS, else the CPU;
 * :func:`resolve_precision`: what ``"auto"`` means for mixed precision. The answer depends on what the
   precision is *for* (:data:`PURPOSES`): the DiT itself, a benchmark rung that must run in reduced precision, or
-  the VAE encoder. bf16 is used where the hardware runs it natively (Ampere and newer GPUs; CPUs with AMX or
-  AVX512-BF16, where a bf16 matmul is about 3x faster than fp32), fp16 with a gradient scaler on older GPUs;
+  the VAE encoder. bf16 is used where the hardware runs it natively (Ampere and newer GPUs; CPUs with AMX, or
+  with AVX512-BF16 where a measured bf16 matmul beats fp32: :func:`cpu_bf16_speedup`), fp16 with a gradient
+  scaler on older GPUs;
 * :func:`autocast`: mixed precision as a context: matmuls in bf16/fp16, reductions in fp32, fp32 weights;
 * :func:`set_tf32`: TF32 tensor cores for fp32 matmuls (Ampere and newer; the official code turns them on);
 * :func:`cpu_flags`, :func:`cpu_has_fast_bf16`: what the CPU offers (``dit-env`` reports it);
@@ -97,11 +98,62 @@ def cpu_bf16_units(flags: set[str]) -> str | None:
 
 
 def cpu_has_fast_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
-    """True on CPUs with AMX or AVX-512 BF16 instructions, where oneDNN runs bf16 matmuls natively."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if amx is not None and amx():
+    """True on CPUs with AMX or AVX-512 BF16 instructions, where oneDNN can run bf16 matmuls natively.
+
+    Having the instructions does not make bf16 faster: on a 2-core Intel Xeon (model 207) that lists
+    ``avx512_bf16`` but whose hypervisor hides AMX, a bf16 matmul ran at 0.65x the speed of fp32 (136 vs 206
+    GFLOP/s) and a training step of the ``small-images`` profile took 446 ms in bf16 against 217 ms in fp32,
+    while on an earlier AVX512-BF16 machine bf16 was 1.8x faster. :func:`cpu_bf16_speedup` measures it.
+    """
+    if _amx_usable():
         return True
     return cpu_bf16_units(cpu_flags(cpuinfo)[1]) is not None
+
+
+def _amx_usable() -> bool:
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(amx is not None and amx())
+
+
+#: bf16 must beat fp32 by this factor on :func:`cpu_bf16_speedup`'s matmul before ``"auto"`` picks it on a CPU
+#: (autocast adds casts that the matmul alone does not show).
+BF16_MIN_SPEEDUP = 1.2
+_BF16_SPEEDUP: dict[int, float] = {}
+
+
+def cpu_bf16_speedup(size: tuple[int, int, int] = (2048, 256, 1024), repeats: int = 8) -> float:
+    """How many times faster a bf16 matmul runs than an fp32 one on this CPU, at torch's current threads.
+
+    Measured once per process and thread count (about 0.1 s): a (2048 x 256) @ (256 x 1024) product, the shape
+    of a small DiT's MLP on a batch of tokens, best of ``repeats`` after a warm-up. CPUs without bf16
+    instructions (:func:`cpu_has_fast_bf16`) are not measured: they emulate bf16, which is always slower (0.0).
+    """
+    threads = torch.get_num_threads()
+    if threads in _BF16_SPEEDUP:
+        return _BF16_SPEEDUP[threads]
+    if not cpu_has_fast_bf16():
+        return _BF16_SPEEDUP.setdefault(threads, 0.0)
+    import time
+
+    m, k, n = size
+    best = {}
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+            a @ b  # warm-up: oneDNN builds its kernel on the first call
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - start)
+            best[dtype] = min(times)
+    return _BF16_SPEEDUP.setdefault(threads, best[torch.float32] / max(best[torch.bfloat16], 1e-9))
+
+
+def cpu_bf16_is_faster() -> bool:
+    """Whether ``"auto"`` computes a model in bf16 on this CPU: AMX, or a measured bf16 matmul at least
+    :data:`BF16_MIN_SPEEDUP` times faster than fp32 (:func:`cpu_bf16_speedup`)."""
+    return _amx_usable() or cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
 
 
 def usable_cores() -> int:
@@ -168,8 +220,8 @@ PURPOSES = ("model", "reduced", "vae")
 def auto_precision(purpose: str, device: torch.device) -> str:
     """``"auto"`` for ``purpose`` on ``device``:
 
-    * ``"model"`` (the trainer, the sampler): bf16 on GPUs that have it and on CPUs with native bf16, fp16
-      (with a gradient scaler when training) on older GPUs, fp32 elsewhere;
+    * ``"model"`` (the trainer, the sampler): bf16 on GPUs that have it and on CPUs where it is faster
+      (:func:`cpu_bf16_is_faster`), fp16 (with a gradient scaler when training) on older GPUs, fp32 elsewhere;
     * ``"reduced"`` (the mixed-precision rungs of ``dit-bench``, which exist to measure reduced precision):
       bf16, or fp16 on GPUs without bf16; never fp32;
     * ``"vae"`` (the VAE encoder of latent extraction): fp16 autocast on a GPU, fp32 elsewhere. Measured with
@@ -187,7 +239,7 @@ def auto_precision(purpose: str, device: torch.device) -> str:
         return "bf16" if cuda_has_native_bf16() else "fp16"
     if purpose == "reduced":
         return "bf16"
-    if purpose == "model" and device.type == "cpu" and cpu_has_fast_bf16():
+    if purpose == "model" and device.type == "cpu" and cpu_bf16_is_faster():
         return "bf16"
     return "fp32"
 

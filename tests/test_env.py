@@ -60,6 +60,7 @@ def test_cpu_info_reports_what_runtime_reads():
     model, flags = runtime.cpu_flags()
     assert info["model"] == model and info["bf16_units"] == runtime.cpu_bf16_units(flags)
     assert info["bf16_fast"] == runtime.cpu_has_fast_bf16() and info["usable_cores"] == runtime.usable_cores()
+    assert info["bf16_auto"] == runtime.cpu_bf16_is_faster() and info["bf16_speedup"] >= 0.0
 
 
 def test_format_report_for_a_gpu_machine():

@@ -40,10 +40,32 @@ def test_fast_bf16_follows_the_flags(tmp_path, monkeypatch):
     assert not runtime.cpu_has_fast_bf16(path)
 
 
+def test_auto_takes_bf16_on_a_cpu_only_where_the_measured_matmul_is_faster(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "_amx_usable", lambda: False)
+    for speedup, precision in ((0.63, "fp32"), (1.1, "fp32"), (1.8, "bf16")):  # 0.63: an AVX512-BF16 Xeon, measured
+        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda speedup=speedup: speedup)
+        assert runtime.resolve_precision("auto", cpu) == precision
+    monkeypatch.setattr(runtime, "_amx_usable", lambda: True)
+    assert runtime.resolve_precision("auto", cpu) == "bf16"  # AMX tiles: not measured
+
+
+def test_the_bf16_speedup_is_measured_once_per_thread_count_and_zero_without_instructions(monkeypatch):
+    monkeypatch.setattr(runtime, "_BF16_SPEEDUP", {})
+    monkeypatch.setattr(runtime, "_amx_usable", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda: False)
+    assert runtime.cpu_bf16_speedup() == 0.0 and not runtime.cpu_bf16_is_faster()
+    monkeypatch.setattr(runtime, "_BF16_SPEEDUP", {})
+    monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda: True)  # measured even where bf16 is emulated
+    measured = runtime.cpu_bf16_speedup(size=(64, 32, 64), repeats=2)
+    assert 0.0 < measured < 100.0 and runtime._BF16_SPEEDUP == {torch.get_num_threads(): measured}
+    assert runtime.cpu_bf16_speedup(size=(64, 32, 64), repeats=2) == measured  # cached, not measured again
+
+
 def test_precision_rules_by_purpose(monkeypatch):
     cpu = torch.device("cpu")
     for fast in (True, False):
-        monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda fast=fast: fast)
         assert runtime.resolve_precision("auto", cpu) == ("bf16" if fast else "fp32")  # the trainer, the sampler
         assert runtime.resolve_precision("auto", cpu, "reduced") == "bf16"  # a mixed-precision rung: never fp32
         assert runtime.resolve_precision("auto", cpu, "vae") == "fp32"  # the encoder's reference result

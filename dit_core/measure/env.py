@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from ..runtime import DTYPES, cpu_bf16_units, cpu_flags, cpu_has_fast_bf16, cuda_has_native_bf16, resolve_device
+from ..runtime import DTYPES, cpu_bf16_is_faster, cpu_bf16_speedup, cpu_bf16_units, cpu_flags, cpu_has_fast_bf16
+from ..runtime import cuda_has_native_bf16, resolve_device
 from ..runtime import resolve_precision, usable_cores
 
 GIB = 1024**3
@@ -30,7 +31,8 @@ def cpu_info() -> dict:
     """CPU model, logical cores, cores this process may use, torch threads, and bf16 support.
 
     bf16 on CPU is fast only with hardware support: ``amx_bf16`` (Intel Sapphire Rapids and later, bf16
-    matrix tiles) or ``avx512_bf16`` (Cooper Lake, AMD Zen 4) (:func:`dit_core.runtime.cpu_flags`).
+    matrix tiles) or ``avx512_bf16`` (Cooper Lake, AMD Zen 4) (:func:`dit_core.runtime.cpu_flags`), and even
+    then not always: ``bf16_speedup`` is a measured matmul (:func:`dit_core.runtime.cpu_bf16_speedup`).
     """
     model, flags = cpu_flags()
     return {
@@ -45,6 +47,8 @@ def cpu_info() -> dict:
         "avx2": "avx2" in flags,
         "bf16_units": cpu_bf16_units(flags),
         "bf16_fast": cpu_has_fast_bf16(),
+        "bf16_speedup": round(cpu_bf16_speedup(), 2),  # measured: bf16 matmul speed / fp32 (0 where emulated)
+        "bf16_auto": cpu_bf16_is_faster(),  # what mixed_precision "auto" picks on this CPU
         "torch_cpu_capability": _safe(lambda: torch.backends.cpu.get_cpu_capability()),
     }
 
@@ -215,7 +219,11 @@ def _notes(report: dict) -> list[str]:
         notes.append("Apple GPU (MPS) found: the digits profile runs on it with device='mps'")
     cpu = report["cpu"]
     if not report["cuda_available"] and cpu["bf16_fast"]:
-        notes.append("this CPU has bf16 hardware (AMX / AVX512-BF16): bf16 autocast speeds up CPU training")
+        if cpu.get("bf16_auto", True):
+            notes.append("this CPU has bf16 hardware (AMX / AVX512-BF16): bf16 autocast speeds up CPU training")
+        else:
+            notes.append(f"this CPU has bf16 instructions, but a bf16 matmul ran at {cpu['bf16_speedup']}x the speed "
+                         "of fp32 here: mixed_precision auto trains in fp32")
     if cpu["torch_threads"] > cpu["usable_cores"]:
         notes.append(
             f"torch uses {cpu['torch_threads']} threads on {cpu['usable_cores']} usable cores: set OMP_NUM_THREADS"
@@ -261,7 +269,9 @@ def format_report(report: dict) -> str:
         f"CPU               {cpu['model']}",
         f"CPU threads       torch {cpu['torch_threads']}, usable cores {cpu['usable_cores']}, logical cores "
         f"{cpu['logical_cores']}, OMP_NUM_THREADS={cpu['omp_num_threads'] or 'unset'}",
-        f"CPU bf16          {cpu['bf16_units'] or 'none'} (torch CPU kernels: {cpu['torch_cpu_capability']})",
+        f"CPU bf16          {cpu['bf16_units'] or 'none'} (torch CPU kernels: {cpu['torch_cpu_capability']})"
+        + (f", matmul {cpu['bf16_speedup']}x fp32: auto uses {'bf16' if cpu.get('bf16_auto') else 'fp32'}"
+           if cpu.get("bf16_units") and "bf16_speedup" in cpu else ""),
         f"RAM               {report['ram_gib']} GiB",
         f"profile           {report['profile']}",
     ]

@@ -22,7 +22,8 @@
 * **latent space.** With a ``vae`` the samples are latents, decoded in slices of ``decode_batch_size`` images
   (and with tiled decoding for 512 px and larger), so big batches fit in memory.
 * **precision.** ``amp="bf16"``/``"fp16"`` autocasts the transformer (bf16 is about 3x faster than fp32 on CPUs
-  with AMX, and the usual choice on GPUs); ``"auto"`` picks bf16 on bf16 GPUs and AMX/AVX512-BF16 CPUs.
+  with AMX, and the usual choice on GPUs); ``"auto"`` picks bf16 on bf16 GPUs and on CPUs where a measured
+  bf16 matmul beats fp32 (:func:`dit_core.runtime.cpu_bf16_is_faster`).
 * **the caller's model is left alone.** :func:`generate` never moves, casts or re-modes the model it is given:
   a model in train mode is put in eval mode for the call and back afterwards, and a model that lives on another
   device than ``device`` (the EMA that the 12 GB profile keeps on the CPU, sampled on the GPU for a grid) is
