@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"dit-train: error: {err}", file=sys.stderr)
         return 2
+    from dit_core.train.launch import planned_processes, run_processes
+
+    processes = planned_processes(cfg)
+    if processes > 1:
+        return run_processes(processes, argv)
     from dit_core.atomic import DiskFullError
     from dit_core.checkpoint import CheckpointError
     from dit_core.train.guard import TrainingDiverged

@@ -117,13 +117,16 @@ class TrainConfig:
     ema_every: int = _f(1, "update the EMA every N optimizer steps with the decay raised to N (the same "
                            "average; cheaper with the EMA on the CPU)")
     mixed_precision: Literal["auto", "bf16", "fp16", "fp32"] = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 on GPUs that "
-                                      "have it and on CPUs with AMX/AVX512-BF16, fp16 on older GPUs, else fp32")
+                                      "have it and on CPUs where a bf16 matmul measures faster (AMX, some AVX512-BF16), fp16 on older GPUs, else fp32")
     tf32: bool = _f(True, "allow TF32 matmuls on Ampere and newer GPUs")
     compile: bool = _f(False, "torch.compile the model")
     seed: int = _f(0, "global seed: data order, noise, timesteps and label dropout all derive from it")
     max_bad_steps: int = _f(5, "stop with a diagnosis after this many consecutive steps skipped for "
                                "NaN/Inf")
     device: str = _f("auto", "cuda, cpu, cuda:1, mps, or auto")
+    cpu_processes: int = _f(1, "on the CPU, train in this many processes (DDP over gloo), started by dit-train "
+                               "itself, the cores shared among them; 0: one per usable core. A small model "
+                               "uses 2 cores better as 2 processes than as 2 threads (dit_core.train.launch)")
     threads: int = _f(0, "torch's CPU threads for this run (0: leave torch's default, or OMP_NUM_THREADS); a "
                          "small model on a CPU can run faster on 1 thread than on 2")
 
@@ -331,6 +334,8 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"log_every ({cfg.log_every}) and ckpt_every ({cfg.ckpt_every}) must be >= 1")
     if cfg.sample_every < 0 or cfg.keep_every < 0 or cfg.subset < 0:
         problems.append("sample_every, keep_every and subset must be >= 0 (0 switches them off)")
+    if cfg.cpu_processes < 0:
+        problems.append(f"cpu_processes must be >= 0 (0: one per usable core), got {cfg.cpu_processes}")
     if cfg.threads < 0:
         problems.append(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
     if cfg.ema_every < 1:
