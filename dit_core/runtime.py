@@ -124,7 +124,7 @@ _BF16_SPEEDUP: dict[int, float] = {}
 def cpu_bf16_speedup(size: tuple[int, int, int] = (2048, 256, 1024), repeats: int = 8) -> float:
     """How many times faster a bf16 matmul runs than an fp32 one on this CPU, at torch's current threads.
 
-    Measured once per process and thread count (about 0.1 s): a (2048 x 256) @ (256 x 1024) product, the shape
+    Measured once per process and thread count (about 0.25 s on 2 cores): a (2048 x 256) @ (256 x 1024) product, the shape
     of a small DiT's MLP on a batch of tokens, best of ``repeats`` after a warm-up. CPUs without bf16
     instructions (:func:`cpu_has_fast_bf16`) are not measured: they emulate bf16, which is always slower (0.0).
     """

@@ -58,7 +58,7 @@ def test_two_processes_equal_one_process(tmp_path, how):
 
 def test_a_launched_run_passes_sigterm_on_and_every_process_stops_after_saving(tmp_path):
     """SIGTERM to the dit-train that started the processes: both stop after the same step, rank 0 saves, the exit
-    status is 128 + 15, no process is left, and --resume continues from the saved step."""
+    status is 128 + 15, and no process is left."""
     from dit_core.data import export_digits
 
     data = export_digits(tmp_path / "digits")

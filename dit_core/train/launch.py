@@ -129,6 +129,9 @@ def _wait(children: list[subprocess.Popen], logs: list) -> int:
             log.seek(0)
             tail = log.read()[-4000:]
             print(f"dit-train: process {rank} of {len(children)} failed (exit code {code}):\n{tail}", file=sys.stderr)
-    if codes[0] != 0:
-        return codes[0] if codes[0] > 0 else 128 - codes[0]
-    return next((code if code > 0 else 128 - code for code in codes if code), 0)
+    return _status(codes[0]) if codes[0] else next((_status(code) for code in codes if code), 0)
+
+
+def _status(code: int) -> int:
+    """A child's exit status as a shell reports it: a death by signal N (Popen's -N) is 128 + N."""
+    return code if code > 0 else 128 - code
