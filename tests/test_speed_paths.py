@@ -320,3 +320,37 @@ def test_trainer_compiles_so_that_gradients_are_exact():
         model(x.to(dtype), t, y).pow(2).mean().backward()
         grads.append(torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None]))
     assert (grads[1] - grads[0]).norm() <= 1e-4 * grads[0].norm()
+
+
+@needs_compiler
+def test_trainer_compiles_the_forward_that_an_objective_runs():
+    """With an objective option (here the flow objective of the small-images profile) the step runs the
+    objective's TrainingModel, which calls the DiT's parts itself: ``compile: true`` must compile that module,
+    not only ``DiT.forward`` (which that step never calls), and its gradients must stay those of eager."""
+    from dit_core.diffusion import create_process
+    from dit_core.train.objectives import Objective, ObjectiveOptions
+    from dit_core.train.step import compile_blocks
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    shape = dict(input_size=8, patch_size=2, in_channels=3, hidden_size=64, depth=2, num_heads=4, num_classes=3,
+                 learn_sigma=False)
+    base = DiT(**shape).eval()  # as the trainer runs it: the step drops labels itself, DiT's random drop is off
+    for p in base.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    x, t, y = inputs(c=3, classes=3)
+    t = t.float() / 1000
+    grads, frames = [], []
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        objective = Objective(ObjectiveOptions(objective="flow"), create_process("flow", learn_sigma=False), model,
+                              batch_size=4)
+        if compiled:
+            compile_blocks(model, objective.module)
+        before = torch._dynamo.utils.counters["frames"]["ok"]
+        out, _ = objective.module(x, t, y)
+        out.pow(2).mean().backward()
+        frames.append(torch._dynamo.utils.counters["frames"]["ok"] - before)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert frames[0] == 0 and frames[1] > 0  # the compiled run went through dynamo; the eager one did not
+    assert (grads[1] - grads[0]).norm() <= 1e-4 * grads[0].norm()

@@ -481,3 +481,25 @@ def test_the_small_images_profile_takes_the_folders_classes_and_size(tmp_path, c
     assert run["sample_shape"] == [1, 48, 48]
     model = load_dit(tmp_path / "b" / "checkpoints" / "last.pt")
     assert (model.in_channels, model.input_size, model.num_classes) == (1, 48, 2)
+
+
+def test_compile_auto_compiles_long_cpu_runs_only_where_a_compiler_is(monkeypatch, capsys):
+    """``compile``: true and false are obeyed; auto compiles a CPU run of 1,000+ steps when a C++ compiler is
+    found, says why not when none is, and leaves short runs (the book's 300 steps) and GPUs eager."""
+    from dit_core.train import loop
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert loop.should_compile(make_config(None, {"compile": True, "max_steps": 5}), cpu) is True
+    assert loop.should_compile(make_config(None, {"compile": "false", "max_steps": 10**6}), cpu) is False
+    assert make_config("small-images").compile == "auto"
+    monkeypatch.setattr(loop, "compiler_missing", lambda device: None)
+    long_run = make_config("small-images")  # a time budget: max_steps is only a cap
+    assert loop.should_compile(long_run, cpu) is True
+    assert "compiling the training step" in capsys.readouterr().out
+    assert loop.should_compile(make_config("small-images", {"max_steps": loop.COMPILE_MIN_STEPS - 1}), cpu) is False
+    assert loop.should_compile(long_run, gpu) is False
+    monkeypatch.setattr(loop, "compiler_missing", lambda device: "no C++ compiler was found")
+    assert loop.should_compile(long_run, cpu) is False
+    assert "compile auto: off (no C++ compiler was found)" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="compile must be one of auto, true, false"):
+        make_config(None, {"compile": "sometimes"})

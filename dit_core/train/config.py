@@ -119,7 +119,8 @@ class TrainConfig:
     mixed_precision: Literal["auto", "bf16", "fp16", "fp32"] = _f("auto", "bf16, fp16 (with a gradient scaler), fp32, or auto: bf16 on GPUs that "
                                       "have it and on CPUs where a bf16 matmul measures faster (AMX, some AVX512-BF16), fp16 on older GPUs, else fp32")
     tf32: bool = _f(True, "allow TF32 matmuls on Ampere and newer GPUs")
-    compile: bool = _f(False, "torch.compile the model")
+    compile: Literal["auto", "true", "false"] = _f("false", "torch.compile the training step: true, false, or auto (on the "
+                                                   "CPU, for runs of 1,000+ steps, when a C++ compiler is found)")
     seed: int = _f(0, "global seed: data order, noise, timesteps and label dropout all derive from it")
     max_bad_steps: int = _f(5, "stop with a diagnosis after this many consecutive steps skipped for "
                                "NaN/Inf")

@@ -36,7 +36,7 @@ import torch
 from ..atomic import DiskFullError, atomic_write_text
 from ..diffusion import create_process
 from ..models import DiT, model_kwargs
-from ..runtime import cpu_bf16_speedup, cpu_has_fast_bf16, resolve_precision, set_tf32
+from ..runtime import compiler_missing, cpu_bf16_speedup, cpu_has_fast_bf16, resolve_precision, set_tf32
 from . import distributed
 from .batches import DataOrder, MicroBatches, SeededItems, derive_seed
 from .budget import TimeBudget
@@ -145,6 +145,28 @@ def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
     """The DiT for this data (:func:`dit_arguments`), with the configured attention and checkpointing."""
     return DiT(**dit_arguments(cfg, sample_shape, num_classes), attn_backend=cfg.attn_backend,
                grad_checkpointing=cfg.grad_checkpointing)
+
+
+#: ``compile: auto`` compiles runs planned for at least this many steps: compiling the small-images step took
+#: 12-40 s on a 2-core CPU (40 s with an empty cache) and then saved ~20 % of every step (122 against 152 ms).
+COMPILE_MIN_STEPS = 1000
+
+
+def should_compile(cfg: TrainConfig, device: torch.device, show: bool = True) -> bool:
+    """Whether this run compiles its training step (``compile``: true, false, auto). ``auto`` compiles on the
+    CPU when the run is long enough to repay the compilation (:data:`COMPILE_MIN_STEPS`) and a C++ compiler is
+    there (else it says so and trains eagerly); on a GPU auto stays eager (not measured here: ``--compile true``)."""
+    if cfg.compile != "auto":
+        return cfg.compile == "true"
+    if device.type != "cpu" or cfg.max_steps < COMPILE_MIN_STEPS:
+        return False
+    missing = compiler_missing(device)
+    if missing and show:
+        print(f"compile auto: off ({missing})", flush=True)
+    if not missing and show:
+        print("compile auto: compiling the training step (10-40 s before the first step, then ~20 % faster steps "
+              "here; --compile false to skip)", flush=True)
+    return missing is None
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -373,8 +395,8 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
     trained = objective.module if objective is not None else model
     opt = make_optimizer(trained, cfg, device)
-    if cfg.compile:
-        compile_blocks(model)
+    if should_compile(cfg, device, procs.is_main):
+        compile_blocks(model, trained)  # compiles the module that the step runs
     train_model = distributed.wrap(trained, procs)  # DistributedDataParallel under torchrun
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
                         seed=cfg.seed, procs=procs, train_model=train_model, objective=objective)
