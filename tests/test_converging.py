@@ -141,9 +141,11 @@ def test_model_dependent_limits_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="mask_decoder_depth must be in 1..2"):
         train(make_config(None, {**TINY, "out": str(tmp_path / "a"), "mask_ratio": 0.5, "mask_decoder_depth": 3,
                                  "max_steps": 1}), dataset=Blobs())
-    with pytest.raises(ValueError, match="repa_depth must be in 1..3"):
-        train(make_config(None, {**TINY, "out": str(tmp_path / "b"), "repa_weight": 0.5, "repa_depth": 8,
-                                 "max_steps": 1}), dataset=Blobs())
+    with pytest.raises(ConfigError, match="repa_depth 8 aligns the tokens after block 8, but depth is 3"):
+        make_config(None, {**TINY, "out": str(tmp_path / "b"), "repa_weight": 0.5, "repa_depth": 8, "max_steps": 1})
+    with pytest.raises(ValueError, match="repa_depth must be in 1..12"):  # a named model's depth: the objective says
+        train(make_config(None, {**TINY, "depth": None, "out": str(tmp_path / "c"), "repa_weight": 0.5,
+                                 "repa_depth": 13, "max_steps": 1}), dataset=Blobs())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -188,15 +190,25 @@ def test_resume_refuses_another_objective(tmp_path):
               dataset=Blobs())
 
 
-def test_the_pixel_teacher_is_fitted_once_and_knows_the_classes(tmp_path):
+def test_the_pixel_teacher_is_fitted_once_and_knows_the_classes(tmp_path, capsys):
     out = tmp_path / "repa"
     train(make_config(None, {**TINY, **OPTIONS["repa"], "out": str(out), "max_steps": 1}), dataset=Blobs())
     saved = torch.load(out / "teacher.pt", weights_only=True)
     assert saved["num_classes"] == 3 and saved["train_accuracy"] == 1.0  # the classes differ by position
+    assert "REPA teacher: a small CNN fitted on the" in capsys.readouterr().out  # said once, when fitted
     before = (out / "teacher.pt").stat().st_mtime_ns
     train(make_config(None, {**TINY, **OPTIONS["repa"], "out": str(out), "max_steps": 2, "resume": "true"}),
           dataset=Blobs())
     assert (out / "teacher.pt").stat().st_mtime_ns == before  # a resumed run aligns to the same teacher
+    assert "REPA teacher" not in capsys.readouterr().out
+
+
+def test_repa_deeper_than_the_model_is_a_config_error_naming_both_fixes():
+    with pytest.raises(ConfigError, match="--repa-depth 2, or --repa-weight 0"):
+        make_config("small-images", {"depth": 4, "repa_depth": 5})
+    with pytest.raises(ConfigError, match="--repa-depth 1, or --repa-weight 0"):
+        make_config("small-images", {"depth": 1})  # the profile aligns after block 2
+    assert make_config("small-images", {"depth": 1, "repa_weight": 0}).repa_depth == 2  # REPA off: no conflict
 
 
 # ----------------------------------------------------------------------------------------------------------

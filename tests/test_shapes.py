@@ -213,7 +213,7 @@ def test_grids_of_the_trainer_and_of_dit_sample_name_the_folders_classes(tmp_pat
     monkeypatch.setattr(sample_module, "save_grid", spy)
     run = tmp_path / "run"
     assert dit_train(["--config", "small-images", "--data-path", str(folder), "--out", str(run), "--image-size", "8",
-                      "--patch-size", "2", "--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--max-steps",
+                      "--patch-size", "2", "--depth", "1", "--repa-depth", "1", "--hidden-size", "32", "--num-heads", "2", "--max-steps",
                       "2", "--sample-per-class", "1", "--sample-steps", "2", "--tensorboard", "false", "--progress",
                       "false", "--debug", "true"]) == 0
     assert drawn[-1] == ["circle", "star"]  # one row per class, in the label order (sorted folder names)

@@ -467,8 +467,8 @@ def test_the_small_images_profile_takes_the_folders_classes_and_size(tmp_path, c
     cfg = make_config("small-images")
     assert (cfg.image_size, cfg.channels, cfg.flip, cfg.data_path, cfg.objective) == (16, 3, True, None, "flow")
     folder = generate_shapes(tmp_path / "grey", per_class=3, classes=("star", "cross"), mode="L")
-    small = ["--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--tensorboard", "false", "--progress", "false",
-             "--debug", "true"]
+    small = ["--depth", "1", "--repa-depth", "1", "--hidden-size", "32", "--num-heads", "2", "--tensorboard", "false",
+             "--progress", "false", "--debug", "true"]
     assert main(["--config", "small-images", "--data-path", str(folder), "--out", str(tmp_path / "a"), *small]) == 0
     out = capsys.readouterr().out
     run = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["run"]

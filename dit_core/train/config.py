@@ -375,6 +375,9 @@ def _objective_problems(cfg: TrainConfig) -> list[str]:
         problems.append("mask_decoder_depth must be >= 1, mask_finetune_steps and mae_weight >= 0")
     if cfg.repa_weight < 0 or cfg.repa_depth < 1 or cfg.repa_projector_dim < 1:
         problems.append("repa_weight must be >= 0, repa_depth and repa_projector_dim >= 1")
+    if cfg.repa_weight > 0 and cfg.depth is not None and cfg.repa_depth > cfg.depth:
+        problems.append(f"repa_depth {cfg.repa_depth} aligns the tokens after block {cfg.repa_depth}, but depth is "
+                        f"{cfg.depth}: add --repa-depth {max(1, cfg.depth // 2)}, or --repa-weight 0 to train without REPA")
     return problems
 
 
