@@ -137,6 +137,29 @@ def is_clean(images) -> np.ndarray:
     return out
 
 
+#: :func:`is_blank`: a pixel shows a shape when its colour is this far from the background's (40 of 255 grey
+#: levels, as a distance in the [-1, 1] colour cube; every real shape differs by at least 60 in luminance),
+BLANK_DISTANCE = 40 / 127.5
+#: and an image is blank when fewer than this share of its pixels do (2 %: 5 of 256 pixels at 16 px; the
+#: smallest real shape of the default folder covers 25 of them).
+BLANK_SHARE = 0.02
+
+
+def is_blank(images) -> np.ndarray:
+    """For each image ``(N, C, H, W)`` in [-1, 1] at its own size: is there no shape at all, just background?
+
+    The classifier must name a class for every image, and it files a plain background under one of them
+    (measured on the shapes: under "triangle", so that class's accuracy counts such samples right). A generator
+    that draws no shape for a share of its noises has failed there whatever the classifier says; the clean
+    test rejects these images, and this one says why. No real image of the folder is blank (tests).
+    """
+    x = torch.as_tensor(images).detach().float().cpu()
+    border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)
+    background = border.median(dim=2).values[:, :, None, None]
+    far = (x - background).square().sum(dim=1).sqrt() > BLANK_DISTANCE
+    return (far.flatten(1).float().mean(dim=1) < BLANK_SHARE).numpy()
+
+
 def _augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """What cannot change a shape's class: the 8 flips and quarter turns (one per batch)."""
     x = torch.rot90(x, int(torch.randint(0, 4, (), generator=g)), dims=(2, 3))
@@ -323,6 +346,9 @@ def main(argv=None) -> dict:
     summary.update({k: result[k] for k in ("class_accuracy", "per_class_accuracy", "clean_accuracy",
                                            "per_class_clean_accuracy", "frechet_distance", "real_floor",
                                            "classifier_val_accuracy", "num_samples")})
+    blank, y = is_blank(classwise.to_float_images(images)), np.asarray(labels if args.npz else result["labels"])
+    summary["blank_share"] = float(blank.mean())  # no shape at all (is_blank): counted wrong by the clean accuracy
+    summary["per_class_blank_share"] = {n: float(blank[y == i].mean()) for i, n in enumerate(names) if (y == i).any()}
     if args.grid:
         from ..sample import save_grid
 
