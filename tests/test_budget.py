@@ -115,12 +115,16 @@ def test_a_negative_or_nan_budget_is_refused():
 
 def test_the_length_is_logged_and_checked_again_by_pre_flight(tmp_path, monkeypatch, capsys):
     StepClock(monkeypatch, [0.0625])
-    train(budgeted(tmp_path / "run", max_minutes=0.1, max_steps=10_000, sample_every=500), Blobs())
+    train(budgeted(tmp_path / "run", max_minutes=0.1, max_steps=10_000, sample_every=500, reference_steps=400),
+          Blobs())
     out = capsys.readouterr().out
     before, _, after = out.partition("time budget 0.1 min:")
     assert "(steps 4-20), so 96 steps" in after.splitlines()[0]
     # the cap (10,000 steps) gave pre-flight nothing to say about the grids; the decided 96 steps do
     assert "sample_every" not in before and "sample_every 500 is longer than the run (96 steps)" in after
+    # nor about the profile's reference length: 96 of 400 steps, and the minutes that 400 would take here
+    assert "reference_steps" not in before
+    assert "fits only 96 steps on this machine, 24 % of the 400" in after and "fix: --max-minutes 1 " in after
 
 
 def test_a_run_that_becomes_slower_ends_when_its_minutes_are_spent_and_resumes_to_its_length(tmp_path, monkeypatch,

@@ -59,6 +59,27 @@ def test_too_few_passes_over_the_data():
     assert "only ~" in f.message and "--max-steps" in f.fix
 
 
+def test_a_run_far_shorter_than_the_profile_s_reference_steps():
+    # the profile's figures were measured at reference_steps; a fixed run of a third of them is flagged
+    ref = make_config("small-images").reference_steps
+    assert ref > 0
+    (f,) = [f for f in preflight(make_config("small-images", {"max_minutes": 0, "max_steps": ref // 3}), SHAPES)
+            if f.key == "reference_steps"]
+    assert f.level == "warning" and f"--max-steps {ref:,}" in f.fix and "33 %" in f.message
+    # a time budget's plan (dit_core.train.loop re-runs the check with it): the fix scales the minutes
+    cfg = make_config("small-images", {"max_minutes": 9.5, "max_steps": 1241, "reference_steps": 3400})
+    (f,) = [f for f in preflight(cfg, SHAPES, budgeted=True) if f.key == "reference_steps"]
+    assert "9.5 min" in f.message and "1,241 steps" in f.message and "--max-minutes 27" in f.fix
+    # the same length as a cap the user set (a budget that did not decide it): the fix is the steps
+    (f,) = [f for f in preflight(cfg, SHAPES) if f.key == "reference_steps"]
+    assert "1,241 steps" in f.message and "min" not in f.message and "--max-steps 3,400" in f.fix
+    # three quarters or more of the reference, or no reference: quiet
+    for overrides in ({"max_steps": int(0.75 * ref) + 1}, {"max_steps": 500, "reference_steps": 0}):
+        assert "reference_steps" not in keys(preflight(make_config("small-images", overrides), SHAPES))
+    with pytest.raises(Exception, match="reference_steps"):
+        make_config("small-images", {"reference_steps": -1})
+
+
 def test_high_lr_without_warmup_and_absurd_lr():
     cfg = make_config("small-images", {"warmup_steps": 0})
     assert keys(preflight(cfg, SHAPES)) == ["warmup_steps"]

@@ -97,6 +97,9 @@ class TrainConfig:
     max_steps: int = _f(400_000, "optimizer steps to train for (the run ends there)")
     max_minutes: float = _f(0.0, "time budget: the run times its first steps and trains as many steps as fit in "
                                  "this many minutes (at most max_steps; kept on --resume); 0: off")
+    reference_steps: int = _f(0, "the run length a profile's figures were measured at: the pre-flight check "
+                                 "warns when this run (a time budget's plan included) has fewer than 3/4 of "
+                                 "them, and says how to train them; 0: no such figure")
     batch_size: int = _f(256, "global batch: images per optimizer step, over all processes and accumulation")
     grad_accum: int = _f(1, "micro-batches accumulated per step; micro-batch = batch_size / (grad_accum x "
                             "processes)")
@@ -329,6 +332,8 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"batch_size {cfg.batch_size} is not divisible by grad_accum {cfg.grad_accum}")
     if cfg.max_steps < 0:
         problems.append("max_steps must be >= 0")
+    if not cfg.reference_steps >= 0:
+        problems.append(f"reference_steps must be >= 0 (0: none), got {cfg.reference_steps}")
     if not cfg.max_minutes >= 0:  # also catches NaN
         problems.append(f"max_minutes must be >= 0 (0: no time budget), got {cfg.max_minutes}")
     if cfg.log_every < 1 or cfg.ckpt_every < 1:

@@ -316,9 +316,10 @@ def recheck_for_length(planned: TrainConfig, steps: int, dataset, num_classes: i
     know it before the first step): writes the findings not shown before; returns all of them."""
     from .preflight import DatasetFacts, format_findings, preflight
 
-    if planned.debug:
+    if planned.debug or steps >= planned.max_steps:  # the cap, which the first check saw, rules: nothing new
         return shown
-    findings = preflight(dataclasses.replace(planned, max_steps=steps), DatasetFacts.of(dataset, num_classes))
+    findings = preflight(dataclasses.replace(planned, max_steps=steps), DatasetFacts.of(dataset, num_classes),
+                         budgeted=True)
     new = [f for f in findings if f not in shown and f.level == "warning"]
     if new:
         monitor.write(format_findings(new))

@@ -30,6 +30,9 @@ MAX_LR = 1e-2
 EMA_INITIAL_SHARE = 0.05
 #: Fewer passes over the data than this is "a handful".
 MIN_EPOCHS = 5.0
+#: A run shorter than this share of a profile's ``reference_steps`` is flagged (the profile's figures do not
+#: hold for it: small-images on the shapes, session 14's slower CPU, 1,120 steps: 41 % against 84 % at 3,968).
+REFERENCE_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,10 @@ def _model_width(name: str) -> int | None:
         return None
 
 
-def preflight(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
-    """Every finding for ``cfg`` on data described by ``facts`` (an empty list: nothing to say)."""
+def preflight(cfg: TrainConfig, facts: DatasetFacts, *, budgeted: bool = False) -> list[Finding]:
+    """Every finding for ``cfg`` on data described by ``facts`` (an empty list: nothing to say). ``budgeted``:
+    ``cfg.max_steps`` is the length a time budget decided (:func:`dit_core.train.loop.recheck_for_length`),
+    not the configured cap."""
     found: list[Finding] = []
 
     def warn(key, message, fix, level="warning"):
@@ -160,6 +165,22 @@ def preflight(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
                  f"times; a diffusion model needs many passes (each pass draws other noise levels), so its "
                  f"samples will not yet show the data.",
                  f"--max-steps {need:,} (about 20 passes over the data).")
+
+    # -- a profile measured at more steps than this run gets ---------------------------------------------------
+    ref = cfg.reference_steps
+    if ref > 0 and 0 < steps < REFERENCE_SHARE * ref:
+        if budgeted:  # a time budget's plan: steps per minute as this machine measured them
+            minutes = math.ceil(cfg.max_minutes * ref / steps)
+            why = f"the time budget ({cfg.max_minutes:g} min) fits only {steps:,} steps on this machine"
+            fix = (f"--max-minutes {minutes} (about {ref:,} steps at the speed measured here), or expect "
+                   f"rougher samples than the figures in the profile's YAML.")
+        else:
+            why = f"the run has {steps:,} steps"
+            fix = f"--max-steps {ref:,}, or expect rougher samples than the figures in the profile's YAML."
+        warn("reference_steps",
+             f"{why}, {100 * steps / ref:.0f} % of the {ref:,} this profile's figures were measured at: on a "
+             f"short run the samples are much worse than those figures (they still improve steeply with "
+             f"steps there).", fix)
 
     # -- the learning rate ------------------------------------------------------------------------------------
     if cfg.warmup_steps == 0 and cfg.lr >= NO_WARMUP_FACTOR * USUAL_LR:
