@@ -103,11 +103,12 @@ class TrainConfig:
     batch_size: int = _f(256, "global batch: images per optimizer step, over all processes and accumulation")
     grad_accum: int = _f(1, "micro-batches accumulated per step; micro-batch = batch_size / (grad_accum x "
                             "processes)")
-    optimizer: Literal["adamw", "adamw8bit"] = _f("adamw", "adamw (PyTorch's, as the paper) or adamw8bit "
-                                                  "(bitsandbytes' 8-bit AdamW, 6 bytes per parameter less; "
-                                                  "pip install -e \".[lowmem]\")")
-    lr: float = _f(1e-4, "AdamW learning rate (peak, after warmup)")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
+    optimizer: Literal["adamw", "adamw8bit", "muon"] = _f(
+        "adamw", "adamw (PyTorch's, as the paper), adamw8bit (bitsandbytes' 8-bit AdamW, 6 bytes per parameter "
+        "less; pip install -e \".[lowmem]\") or muon (orthogonalised momentum for the blocks' matrices, AdamW "
+        "for the rest, at the same lr: dit_core.train.muon)")
+    lr: float = _f(1e-4, "learning rate (peak, after warmup); with muon, of both halves")
+    weight_decay: float = _f(0.0, "decoupled weight decay (AdamW; with muon, both halves)")
     adam_betas: list = _f([0.9, 0.999], "AdamW betas")
     lr_schedule: Literal["constant", "cosine"] = _f("constant", "constant (official) or cosine (decay to min_lr at max_steps)")
     warmup_steps: int = _f(0, "linear learning-rate warmup from 0 over this many steps")

@@ -45,6 +45,7 @@ from .ema import create_ema
 from .grids import sample_grid
 from .guard import TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
+from .muon import make_muon
 from .objectives import build_objective
 from .preempt import StopSignals, ignore_stop_signals
 from .state import load_checkpoint, save_checkpoint
@@ -173,8 +174,11 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
     tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
     device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
-    2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter."""
+    2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter.
+    ``optimizer: muon``: Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
         bnb = import_bitsandbytes()
         # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0

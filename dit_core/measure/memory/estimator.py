@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 GIB = 1024**3
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTION = ("sdpa", "math", "xformers")
-OPTIMIZERS = ("adamw", "adamw8bit")
+OPTIMIZERS = ("adamw", "adamw8bit", "muon")
 EMA_PLACES = ("device", "cpu", "none")
 FREQ_EMBED = 256  # width of DiT's sinusoidal timestep code (TimestepEmbedder)
 
@@ -322,8 +322,9 @@ VAE_PEAK_MAPS = 5.0
 
 
 def optimizer_state_bytes(trainable: int, optimizer: str) -> int:
-    """AdamW: two fp32 moments. 8-bit AdamW: two uint8 moments and one fp32 absmax per block of 256."""
-    if optimizer == "adamw":
+    """AdamW: two fp32 moments. 8-bit AdamW: two uint8 moments and one fp32 absmax per block of 256. Muon
+    (dit_core.train.muon): counted as AdamW, an upper bound (the blocks' matrices keep one buffer, not two)."""
+    if optimizer in ("adamw", "muon"):
         return 8 * trainable
     if optimizer == "adamw8bit":
         return 2 * trainable + 2 * 4 * math.ceil(trainable / 256)

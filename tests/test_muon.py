@@ -1,0 +1,105 @@
+"""``optimizer: muon`` (dit_core.train.muon): its Muon half against ``torch.optim.Muon``, its AdamW half against
+``torch.optim.AdamW``, which weights go where, and a run that trains, resumes exactly and checkpoints it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dit_core.models import DiT
+from dit_core.train import ConfigError, train
+from dit_core.train.muon import MuonAdamW, orthogonalize, split_parameters
+
+from test_train import Blobs, assert_same_checkpoint, final_state, tiny_config
+
+
+def _run(opt, params, grads):
+    for g in grads:
+        for p, gp in zip(params, g):
+            p.grad = gp.clone()
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def _problem(shapes, steps=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(steps)]
+    return start, grads
+
+
+def test_orthogonalize_sets_every_singular_value_near_one():
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((128, 384), (512, 128), (64, 64)):
+        # singular values spread over two orders of magnitude
+        u, _ = torch.linalg.qr(torch.randn(shape[0], min(shape), generator=gen))
+        v, _ = torch.linalg.qr(torch.randn(shape[1], min(shape), generator=gen))
+        g = u @ torch.diag(torch.logspace(-1, 1, min(shape))) @ v.T
+        o = orthogonalize(g)
+        assert o.shape == g.shape
+        s = torch.linalg.svdvals(o)
+        assert s.min() > 0.6 and s.max() < 1.25, (shape, s.min(), s.max())
+        # and the directions are g's: o is close to the polar factor u v^T
+        assert torch.nn.functional.cosine_similarity(o.flatten(), (u @ v.T).flatten(), dim=0) > 0.95
+
+
+def test_the_muon_half_computes_what_torch_muon_computes():
+    shapes = [(384, 128), (128, 512)]
+    start, grads = _problem(shapes)
+    lr, wd = 2e-3, 0.1
+    ours = [p.clone() for p in start]
+    theirs = [p.clone() for p in start]
+    got = _run(MuonAdamW(ours, [], lr=lr, weight_decay=wd), ours, grads)
+    want = _run(torch.optim.Muon(theirs, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw"), theirs, grads)
+    adam = [p.clone() for p in start]
+    plain = _run(torch.optim.AdamW(adam, lr=lr, weight_decay=wd), adam, grads)
+    for s, g, w, a in zip(start, got, want, plain):
+        moved = (w - s).norm()
+        assert (g - w).norm() < 0.03 * moved  # PyTorch iterates in bf16, this one in fp32
+        assert (a - w).norm() > 0.3 * moved  # and AdamW's steps are not Muon's: the comparison can fail
+
+
+def test_the_adamw_half_computes_what_torch_adamw_computes():
+    shapes = [(128,), (3, 128), (128, 12)]
+    start, grads = _problem(shapes, steps=5)
+    ours = [p.clone() for p in start]
+    theirs = [p.clone() for p in start]
+    got = _run(MuonAdamW([], ours, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05), ours, grads)
+    want = _run(torch.optim.AdamW(theirs, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05, foreach=False), theirs,
+                grads)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_muon_takes_the_blocks_token_matrices_and_adamw_the_rest():
+    model = DiT(input_size=8, patch_size=2, in_channels=3, hidden_size=64, depth=3, num_heads=4, num_classes=5,
+                learn_sigma=False)
+    muon, adamw = split_parameters(torch.nn.ModuleDict({"dit": model}))  # a prefix, as TrainingModel adds
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)] for p in muon) == sorted(
+        f"blocks.{i}.{m}.weight" for i in range(3) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"))
+    assert len(muon) + len(adamw) == sum(p.requires_grad for p in model.parameters())
+    assert not any("adaLN" in names[id(p)] or names[id(p)].endswith("bias") for p in muon)
+
+
+def test_a_muon_run_trains_and_resumes_exactly(tmp_path):
+    kw = dict(optimizer="muon", hidden_size=64, ckpt_every=3)
+    train(tiny_config(tmp_path / "ref", max_steps=6, **kw), dataset=Blobs())
+    train(tiny_config(tmp_path / "split", max_steps=3, **kw), dataset=Blobs())
+    train(tiny_config(tmp_path / "split", max_steps=6, resume="true", **kw), dataset=Blobs())
+    ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "split")
+    assert_same_checkpoint(ref, res)
+    groups = ref["opt"]["param_groups"]
+    assert [g["muon"] for g in groups] == [True, False]
+    assert all(torch.isfinite(v).all() for v in ref["model"].values())
+    # the same run with AdamW ends elsewhere: the option reached the optimizer
+    train(tiny_config(tmp_path / "adamw", max_steps=6, hidden_size=64, ckpt_every=3), dataset=Blobs())
+    other = final_state(tmp_path / "adamw")["model"]
+    name = "blocks.0.attn.qkv.weight"
+    key = next(k for k in ref["model"] if k.endswith(name))
+    assert not torch.allclose(ref["model"][key], other[key])
+
+
+def test_an_unknown_optimizer_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="optimizer"):
+        tiny_config(tmp_path / "r", optimizer="lion")
