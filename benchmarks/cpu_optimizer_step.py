@@ -12,24 +12,13 @@ one process trains (16 images of 16 px in 2x2 patches)::
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
-from dit_core.models import DiT
+from dit_core.measure.bench.timings import timed
+from dit_core.train import make_config
+from dit_core.train.loop import build_model
 from dit_core.train.muon import make_muon
-
-
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def main(argv=None) -> None:
@@ -40,23 +29,25 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    # the small-images profile's model (dit_core/configs/small-images.yaml)
-    model = DiT(input_size=16, patch_size=2, in_channels=3, hidden_size=128, depth=4, num_heads=4, num_classes=3,
-                learn_sigma=False, attn_backend="math")
-    x, t = torch.randn(args.batch, 3, 16, 16), torch.rand(args.batch)
-    y = torch.randint(0, 3, (args.batch,))
+    cfg = make_config("small-images")  # the profile's model, for a folder of 3 classes
+    size, classes, cpu = cfg.image_size, 3, torch.device("cpu")
+    model = build_model(cfg, (cfg.channels, size, size), classes)
+    x, t = torch.randn(args.batch, cfg.channels, size, size), torch.rand(args.batch)
+    y = torch.randint(0, classes, (args.batch,))
 
     def forward_backward():
         model.zero_grad(set_to_none=False)
         (model(x, t, y) ** 2).mean().backward()
 
     print(f"{args.threads} thread(s), torch {torch.__version__}")
-    print(f"eager forward + backward, {args.batch} images: {median_ms(forward_backward, args.repeats):.1f} ms")
+    ms = 1e3 * timed(forward_backward, cpu, args.repeats)
+    print(f"eager forward + backward, {args.batch} images: {ms:.1f} ms")
     forward_backward()  # gradients for the optimizers to use
+    muon = make_muon(model, 1e-6, (0.9, 0.999), 0.0)
     optimizers = {"adamw (fused)": torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True),
-                  "muon (16 matrices by Muon, the rest by AdamW)": make_muon(model, 1e-6, (0.9, 0.999), 0.0)}
+                  f"muon ({len(muon.param_groups[0]['params'])} matrices by Muon, the rest by AdamW)": muon}
     for name, opt in optimizers.items():
-        print(f"optimizer step, {name}: {median_ms(opt.step, args.repeats):.1f} ms")
+        print(f"optimizer step, {name}: {1e3 * timed(opt.step, cpu, args.repeats):.1f} ms")
 
 
 if __name__ == "__main__":

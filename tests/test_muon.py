@@ -10,7 +10,7 @@ from dit_core.models import DiT
 from dit_core.train import ConfigError, train
 from dit_core.train.muon import MuonAdamW, orthogonalize, split_parameters
 
-from test_train import Blobs, assert_same_checkpoint, final_state, tiny_config
+from test_train import Blobs, assert_same_checkpoint, final_state, tiny_config, whole_and_resumed
 
 
 def _run(opt, params, grads):
@@ -84,10 +84,7 @@ def test_muon_takes_the_blocks_token_matrices_and_adamw_the_rest():
 
 def test_a_muon_run_trains_and_resumes_exactly(tmp_path):
     kw = dict(optimizer="muon", hidden_size=64, ckpt_every=3)
-    train(tiny_config(tmp_path / "ref", max_steps=6, **kw), dataset=Blobs())
-    train(tiny_config(tmp_path / "split", max_steps=3, **kw), dataset=Blobs())
-    train(tiny_config(tmp_path / "split", max_steps=6, resume="true", **kw), dataset=Blobs())
-    ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "split")
+    ref, res = whole_and_resumed(tmp_path, **kw)
     assert_same_checkpoint(ref, res)
     groups = ref["opt"]["param_groups"]
     assert [g["muon"] for g in groups] == [True, False]

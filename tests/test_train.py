@@ -218,6 +218,14 @@ def final_state(out):
     return torch.load(Path(out) / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
 
 
+def whole_and_resumed(tmp_path, steps=6, stop=3, **kw):
+    """The final checkpoints of a ``steps``-step run and of the same run stopped after ``stop`` and resumed."""
+    train(tiny_config(tmp_path / "ref", max_steps=steps, **kw), dataset=Blobs())
+    train(tiny_config(tmp_path / "split", max_steps=stop, **kw), dataset=Blobs())
+    train(tiny_config(tmp_path / "split", max_steps=steps, resume="true", **kw), dataset=Blobs())
+    return final_state(tmp_path / "ref"), final_state(tmp_path / "split")
+
+
 #: What may differ between two runs of the same (config, seed, step): where they run, whether they resumed,
 #: and the wall time they took.
 RUN_SPECIFIC = {("config", "out"), ("config", "resume"), ("metrics", "train_seconds")}

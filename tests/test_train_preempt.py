@@ -19,7 +19,8 @@ import torch
 from dit_core.train import ConfigError, train
 from dit_core.train.preempt import StopSignals, exit_code
 
-from test_train import REPO, TINY_ARGS, Blobs, assert_same_checkpoint, child_env, final_state, tiny_config
+from test_train import (REPO, TINY_ARGS, Blobs, assert_same_checkpoint, child_env, final_state, tiny_config,
+                        whole_and_resumed)
 
 # ----------------------------------------------------------------------------------------------------------
 # The CLI in a subprocess: signals
@@ -223,10 +224,7 @@ def test_adamw8bit_trains_and_resumes_exactly(tmp_path):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install -e \".[lowmem]\")")
     # a layer of >= 4096 weights gets 8-bit moments (smaller ones keep fp32 moments in bitsandbytes)
     kw = dict(optimizer="adamw8bit", hidden_size=64, ckpt_every=3)
-    train(tiny_config(tmp_path / "ref", max_steps=6, **kw), dataset=Blobs())
-    train(tiny_config(tmp_path / "split", max_steps=3, **kw), dataset=Blobs())
-    train(tiny_config(tmp_path / "split", max_steps=6, resume="true", **kw), dataset=Blobs())
-    ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "split")
+    ref, res = whole_and_resumed(tmp_path, **kw)
     assert_same_checkpoint(ref, res)
     states = [s["__bnb_optimizer_quant_state__"] for s in ref["opt"]["state"].values()]
     assert any(s["state1"].dtype == torch.uint8 for s in states)  # 8-bit moments were stored
