@@ -20,13 +20,15 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 LAUNCHED = [sys.executable, "-m", "dit_core.train", "--cpu-processes", "2"]  # dit-train starts the 2 processes
 
 
-@pytest.mark.parametrize("how", ["torchrun", "cpu_processes"])
-def test_two_processes_equal_one_process(tmp_path, how):
+@pytest.mark.parametrize("how,optimizer", [("torchrun", "adamw"), ("cpu_processes", "adamw"),
+                                           ("cpu_processes", "muon")])
+def test_two_processes_equal_one_process(tmp_path, how, optimizer):
+    """With Muon the two processes also share out its Newton-Schulz work (dit_core.train.muon.owners)."""
     from dit_core.data import export_digits
 
     data = export_digits(tmp_path / "digits")
     common = ["--data-path", str(data), *TINY_ARGS, "--batch-size", "16", "--max-steps", "6", "--log-every", "2",
-              "--class-dropout-prob", "0.5"]
+              "--class-dropout-prob", "0.5", "--optimizer", optimizer]
     two = subprocess.Popen([*(TORCHRUN if how == "torchrun" else LAUNCHED), *common, "--out", str(tmp_path / "two")],
                            env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     one = subprocess.Popen([sys.executable, "-m", "dit_core.train", *common, "--out", str(tmp_path / "one")],

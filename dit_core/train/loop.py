@@ -170,15 +170,19 @@ def should_compile(cfg: TrainConfig, device: torch.device, show: bool = True) ->
     return missing is None
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                   distributed: bool = False, precision: str = "fp32") -> torch.optim.Optimizer:
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
     tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
     device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
     2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter.
-    ``optimizer: muon``: Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`)."""
+    ``optimizer: muon``: Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`),
+    its Newton-Schulz work shared out over the processes when ``distributed`` (DDP) and run in bf16 when the step
+    trains in bf16 (``precision``), as PyTorch's Muon always does."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "muon":
-        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay)
+        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay, distributed=distributed,
+                         ns_dtype=torch.bfloat16 if precision == "bf16" else None)
     if cfg.optimizer == "adamw8bit":
         bnb = import_bitsandbytes()
         # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0
@@ -399,7 +403,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     # (trained with the DiT, not part of it) and the teacher of representation alignment
     objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
     trained = objective.module if objective is not None else model
-    opt = make_optimizer(trained, cfg, device)
+    opt = make_optimizer(trained, cfg, device, distributed=procs.distributed, precision=precision)
     if should_compile(cfg, device, procs.is_main):
         compile_blocks(model, trained)  # compiles the module that the step runs
     train_model = distributed.wrap(trained, procs)  # DistributedDataParallel under torchrun

@@ -15,14 +15,19 @@ modulations, which act on one conditioning vector per image, the final layer, bi
 goes through AdamW, as Muon's authors advise for embeddings, heads and vectors.
 
 The Muon half computes what ``torch.optim.Muon(..., adjust_lr_fn="match_rms_adamw")`` computes, except that
-PyTorch runs the iteration in bf16 and this one in the weights' dtype (a CPU without bf16 instructions runs
-bf16 products slowly); the AdamW half computes what ``torch.optim.AdamW`` does (tests/test_muon.py checks
+PyTorch always runs the iteration in bf16 and this one in ``ns_dtype``: bf16 where the run trains in bf16 (the
+trainer's choice, where bf16 products are fast), else fp32 (a CPU without bf16 instructions runs bf16 products
+several times slower than fp32); the AdamW half computes what ``torch.optim.AdamW`` does (tests/test_muon.py checks
 both). One class holds both so that the training loop keeps one optimizer: one learning rate schedule over
 ``param_groups``, one state dict in the checkpoint, an exact resume.
 
 Cost: the Newton-Schulz products are ~10 m^2 n multiply-adds per m x n matrix (m <= n) and step, whatever the
 batch. For the small-images profile (width 128, 4 blocks, 2,048 tokens a step) that is ~25 % of a step's
-compute on a 2-core CPU; on a GPU batch it is a small share.
+compute on a 2-core CPU; on a GPU batch it is a small share. Under DistributedDataParallel every process holds
+the same averaged gradients, so the work is shared out instead of repeated (``distributed=True``): each
+process orthogonalises its own share of the matrices (balanced by that cost, :func:`owners`) and one
+all-reduce hands every process all the updates, exactly the numbers one process would compute (the other
+processes add zeros).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import math
 import re
 
 import torch
+import torch.distributed as dist
 
 #: Newton-Schulz coefficients (a, b, c) of the quintic iteration, as in Muon's reference and PyTorch's.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -40,20 +46,37 @@ MOMENTUM = 0.95
 MUON_PARAMETERS = re.compile(r"(^|\.)blocks\.\d+\.(attn\.(qkv|proj)|mlp\.fc[12])\.weight$")
 
 
-def orthogonalize(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalize(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7, dtype=None) -> torch.Tensor:
     """The matrix ``g`` with its singular values pushed towards 1 by ``steps`` Newton-Schulz iterations
     ``X <- a X + (b A + c A^2) X`` with ``A = X X^T``, after scaling ``g`` to unit Frobenius norm (so that its
     spectral norm is at most 1). Not exactly to 1: into ~[0.5, 1.2] when they span 300x (chapter 7b). The short
-    side goes first, so that ``A`` is the small Gram matrix."""
+    side goes first, so that ``A`` is the small Gram matrix. ``dtype``: the products' precision (default ``g``'s);
+    the result has ``g``'s dtype."""
     a, b, c = NS_COEFFICIENTS
-    x = g / g.norm().clamp(min=eps)
+    x = (g / g.norm().clamp(min=eps)).to(dtype or g.dtype)
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
     for _ in range(steps):
         gram = x @ x.T
         x = a * x + (b * gram + c * (gram @ gram)) @ x
-    return x.T if tall else x
+    return (x.T if tall else x).to(g.dtype)
+
+
+def ns_cost(shape) -> int:
+    """Multiply-adds of one Newton-Schulz iteration on a matrix of ``shape``: ``2 m^2 n + m^3``, m <= n."""
+    m, n = sorted(shape)
+    return 2 * m * m * n + m ** 3
+
+
+def owners(shapes, world_size: int) -> list[int]:
+    """Which process orthogonalises each matrix: the costliest first, each to the least loaded process (the
+    same answer on every process, so no process waits long for another)."""
+    load, owner = [0] * world_size, [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda i: -ns_cost(shapes[i])):
+        owner[i] = min(range(world_size), key=lambda r: load[r])
+        load[owner[i]] += ns_cost(shapes[i])
+    return owner
 
 
 def split_parameters(model: torch.nn.Module) -> tuple[list, list]:
@@ -68,16 +91,52 @@ def split_parameters(model: torch.nn.Module) -> tuple[list, list]:
 class MuonAdamW(torch.optim.Optimizer):
     """Two parameter groups: ``muon=True`` (Nesterov momentum, orthogonalised, RMS-matched), ``muon=False``
     (AdamW). Both use the group's ``lr`` and decoupled ``weight_decay``; AdamW's ``betas`` and ``eps`` apply to
-    the second group only."""
+    the second group only. ``distributed=True``: the processes of an initialised process group (all holding the
+    same gradients, as under DDP) share the Newton-Schulz work out (module docstring); with one process, or no
+    process group, it changes nothing. ``ns_dtype``: the precision of the Newton-Schulz products (None: the
+    gradients' own)."""
 
     def __init__(self, muon_params, adamw_params, lr: float = 1e-3, betas=(0.9, 0.999), weight_decay: float = 0.0,
-                 momentum: float = MOMENTUM, ns_steps: int = NS_STEPS, eps: float = 1e-8):
+                 momentum: float = MOMENTUM, ns_steps: int = NS_STEPS, eps: float = 1e-8, distributed: bool = False,
+                 ns_dtype: torch.dtype | None = None):
         groups = [dict(params=list(muon_params), muon=True), dict(params=list(adamw_params), muon=False)]
         groups = [g for g in groups if g["params"]]
         if not groups:
             raise ValueError("MuonAdamW got no parameters")
         super().__init__(groups, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, momentum=momentum,
                                       ns_steps=ns_steps, eps=eps))
+        self.distributed, self.ns_dtype = distributed, ns_dtype
+
+    def _world(self) -> tuple[int, int]:
+        """(rank, world size) over which the orthogonalisation is shared; (0, 1) when it is not."""
+        if self.distributed and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _muon_updates(self, group) -> dict:
+        """The orthogonalised Nesterov momentum of every matrix of ``group`` that has a gradient, after moving
+        its momentum buffer; shared out over the processes and gathered by one all-reduce (:meth:`_world`)."""
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
+            if p.ndim != 2:
+                raise ValueError(f"Muon updates matrices, got a parameter of shape {tuple(p.shape)}")
+        rank, world = self._world()
+        owner = owners([p.shape for p in params], world)
+        mu, updates = group["momentum"], {}
+        for p, r in zip(params, owner):
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+            buf.lerp_(p.grad, 1 - mu)  # every process moves every buffer: they stay equal, and checkpoints whole
+            if r == rank:
+                updates[p] = orthogonalize(p.grad.lerp(buf, mu), group["ns_steps"], dtype=self.ns_dtype)
+        if world > 1:
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].grad.dtype, device=params[0].device)
+            chunks = flat.split([p.numel() for p in params])
+            for p, chunk in zip(params, chunks):
+                if p in updates:
+                    chunk.copy_(updates[p].flatten())
+            dist.all_reduce(flat)  # the others' chunks are zeros: each sum is one process's numbers, exactly
+            updates = {p: chunk.view_as(p) for p, chunk in zip(params, chunks)}
+        return updates
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -87,38 +146,36 @@ class MuonAdamW(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
+            if group["muon"]:
+                for p, update in self._muon_updates(group).items():
+                    p.mul_(1 - lr * wd)
+                    p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+                continue
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 grad, state = p.grad, self.state[p]
-                if group["muon"]:
-                    if p.ndim != 2:
-                        raise ValueError(f"Muon updates matrices, got a parameter of shape {tuple(p.shape)}")
-                    mu = group["momentum"]
-                    buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
-                    buf.lerp_(grad, 1 - mu)
-                    update = orthogonalize(grad.lerp(buf, mu), group["ns_steps"])
-                    p.mul_(1 - lr * wd)
-                    p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
-                else:
-                    beta1, beta2 = group["betas"]
-                    if not state:
-                        state["step"] = torch.zeros((), dtype=torch.float32)
-                        state["exp_avg"] = torch.zeros_like(p)
-                        state["exp_avg_sq"] = torch.zeros_like(p)
-                    state["step"] += 1
-                    n = float(state["step"])
-                    p.mul_(1 - lr * wd)
-                    state["exp_avg"].lerp_(grad, 1 - beta1)
-                    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** n)).add_(group["eps"])
-                    p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** n))
+                beta1, beta2 = group["betas"]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                n = float(state["step"])
+                p.mul_(1 - lr * wd)
+                state["exp_avg"].lerp_(grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** n)).add_(group["eps"])
+                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** n))
         return loss
 
 
-def make_muon(model: torch.nn.Module, lr: float, betas, weight_decay: float) -> MuonAdamW:
-    """The optimizer of ``optimizer: muon`` for a DiT (or a module holding one)."""
+def make_muon(model: torch.nn.Module, lr: float, betas, weight_decay: float, distributed: bool = False,
+              ns_dtype: torch.dtype | None = None) -> MuonAdamW:
+    """The optimizer of ``optimizer: muon`` for a DiT (or a module holding one); ``distributed``: the trainer's
+    processes share the Newton-Schulz work; ``ns_dtype``: its precision (:class:`MuonAdamW`)."""
     muon, adamw = split_parameters(model)
     if not muon:
         raise ValueError("optimizer muon found no block matrices (blocks.N.attn.qkv.weight, ...) to update")
-    return MuonAdamW(muon, adamw, lr=lr, betas=betas, weight_decay=weight_decay)
+    return MuonAdamW(muon, adamw, lr=lr, betas=betas, weight_decay=weight_decay, distributed=distributed,
+                     ns_dtype=ns_dtype)
