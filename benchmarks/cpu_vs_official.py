@@ -50,7 +50,7 @@ from dit_core.sample import generate  # noqa: E402
 from dit_core.sample.samplers import int8_copy  # noqa: E402
 from dit_core.train.config import TrainConfig  # noqa: E402
 from dit_core.train.ema import create_ema  # noqa: E402
-from dit_core.train.loop import make_optimizer  # noqa: E402
+from dit_core.train.optimizer import make_optimizer  # noqa: E402
 from dit_core.train.step import StepOptions, TrainStep  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "cpu-vs-official.json"

@@ -27,7 +27,6 @@ import json
 import math
 import random
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +44,8 @@ from .ema import create_ema
 from .grids import sample_grid
 from .guard import TrainingDiverged
 from .monitor import Monitor, format_summary, peak_memory_gb
-from .muon import make_muon
 from .objectives import build_objective
+from .optimizer import make_optimizer
 from .preempt import StopSignals, ignore_stop_signals
 from .state import load_checkpoint, save_checkpoint
 from .step import StepOptions, TrainStep, compile_blocks
@@ -168,46 +167,6 @@ def should_compile(cfg: TrainConfig, device: torch.device, show: bool = True) ->
         print("compile auto: compiling the training step (10-40 s before the first step, then ~20 % faster steps "
               "here; --compile false to skip)", flush=True)
     return missing is None
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
-                   distributed: bool = False, precision: str = "fp32") -> torch.optim.Optimizer:
-    """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
-    tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
-    device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
-    2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter.
-    ``optimizer: muon``: Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`),
-    its Newton-Schulz work shared out over the processes when ``distributed`` (DDP) and run in bf16 when the step
-    trains in bf16 (``precision``), as PyTorch's Muon always does."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer == "muon":
-        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay, distributed=distributed,
-                         ns_dtype=torch.bfloat16 if precision == "bf16" else None)
-    if cfg.optimizer == "adamw8bit":
-        bnb = import_bitsandbytes()
-        # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0
-        return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=1e-8,
-                                   weight_decay=cfg.weight_decay)
-    fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
-                             fused=fused or None)
-
-
-def import_bitsandbytes():
-    """bitsandbytes, or a :class:`ConfigError` that says how to install it."""
-    try:
-        with warnings.catch_warnings():  # its import warns about torch internals it uses
-            warnings.simplefilter("ignore")
-            import bitsandbytes
-    except ImportError:
-        raise ConfigError(
-            "--optimizer adamw8bit needs bitsandbytes, which is not installed: pip install -e \".[lowmem]\" "
-            "(or pip install bitsandbytes); or train with --optimizer adamw"
-        ) from None
-    except Exception as err:  # noqa: BLE001 - a broken install (missing CUDA libraries, ...)
-        raise ConfigError(f"--optimizer adamw8bit: bitsandbytes does not load here ({type(err).__name__}: "
-                          f"{err}); reinstall it (pip install -e \".[lowmem]\") or use --optimizer adamw") from None
-    return bitsandbytes
 
 
 def seed_global_generators(seed: int, rank: int) -> None:

@@ -89,7 +89,7 @@ def make_step(spec: BenchSpec, rung: Rung, device: torch.device, vae=None):
     from ...models import DiT
     from ...train.config import TrainConfig
     from ...train.ema import create_ema
-    from ...train.loop import make_optimizer
+    from ...train.optimizer import make_optimizer
     from ...attention import set_sdpa_kernel
     from ...runtime import compile_dit
     from ...train.step import TrainStep

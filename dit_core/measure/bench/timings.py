@@ -150,7 +150,7 @@ def measure_optimizers(spec: BenchSpec, repeats: int = 3, ema_every: int = 4) ->
             rows.append(dict(what=label, status=f"unavailable: {type(err).__name__}: {str(err)[:100]}"))
     label = "AdamW 8-bit (bitsandbytes)"
     try:
-        from ...train.loop import import_bitsandbytes
+        from ...train.optimizer import import_bitsandbytes
 
         bnb = import_bitsandbytes()
         opt = bnb.optim.AdamW8bit(params, lr=1e-4, weight_decay=0.0)  # DiT's decay (bitsandbytes' default: 0.01)

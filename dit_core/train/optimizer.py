@@ -1,0 +1,52 @@
+"""The optimizer a run trains with (``optimizer``, ``lr``, ``weight_decay``, ``adam_betas``, ``fused_adam``):
+AdamW as the paper trains DiT (Peebles & Xie 2023, Sec. 4: lr 1e-4, no weight decay),
+bitsandbytes' 8-bit AdamW for less memory, or Muon for the blocks' matrices (:mod:`.muon`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .config import ConfigError, TrainConfig
+from .muon import make_muon
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                   distributed: bool = False, precision: str = "fp32") -> torch.optim.Optimizer:
+    """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
+    tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
+    device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
+    2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter.
+    ``optimizer: muon``: Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`),
+    its Newton-Schulz work shared out over the processes when ``distributed`` (DDP) and run in bf16 when the step
+    trains in bf16 (``precision``), as PyTorch's Muon always does."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay, distributed=distributed,
+                         ns_dtype=torch.bfloat16 if precision == "bf16" else None)
+    if cfg.optimizer == "adamw8bit":
+        bnb = import_bitsandbytes()
+        # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0
+        return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=1e-8,
+                                   weight_decay=cfg.weight_decay)
+    fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
+                             fused=fused or None)
+
+
+def import_bitsandbytes():
+    """bitsandbytes, or a :class:`ConfigError` that says how to install it."""
+    try:
+        with warnings.catch_warnings():  # its import warns about torch internals it uses
+            warnings.simplefilter("ignore")
+            import bitsandbytes
+    except ImportError:
+        raise ConfigError(
+            "--optimizer adamw8bit needs bitsandbytes, which is not installed: pip install -e \".[lowmem]\" "
+            "(or pip install bitsandbytes); or train with --optimizer adamw"
+        ) from None
+    except Exception as err:  # noqa: BLE001 - a broken install (missing CUDA libraries, ...)
+        raise ConfigError(f"--optimizer adamw8bit: bitsandbytes does not load here ({type(err).__name__}: "
+                          f"{err}); reinstall it (pip install -e \".[lowmem]\") or use --optimizer adamw") from None
+    return bitsandbytes
