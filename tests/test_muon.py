@@ -8,7 +8,7 @@ import torch
 
 from dit_core.models import DiT
 from dit_core.train import ConfigError, train
-from dit_core.train.muon import MuonAdamW, ns_cost, orthogonalize, owners, split_parameters
+from dit_core.train.muon import MuonAdamW, ns_cost, orthogonalize, orthogonalize_all, owners, split_parameters
 
 from test_train import Blobs, assert_same_checkpoint, final_state, tiny_config, whole_and_resumed
 
@@ -41,6 +41,24 @@ def test_orthogonalize_sets_every_singular_value_near_one():
         assert s.min() > 0.6 and s.max() < 1.25, (shape, s.min(), s.max())
         # and the directions are g's: o is close to the polar factor u v^T
         assert torch.nn.functional.cosine_similarity(o.flatten(), (u @ v.T).flatten(), dim=0) > 0.95
+
+
+def test_a_stack_is_orthogonalised_matrix_by_matrix():
+    """orthogonalize_all batches the matrices of one shape (a transposed one too) and gives each the numbers
+    it gets alone, in fp32 and in bf16, in the order it was given."""
+    gen = torch.Generator().manual_seed(2)
+    shapes = [(384, 128), (128, 512), (128, 128), (512, 128), (128, 384), (128, 512), (64, 96)]
+    mats = [torch.randn(s, generator=gen) * (i + 1) for i, s in enumerate(shapes)]
+    for dtype in (None, torch.bfloat16):
+        got = orthogonalize_all(mats, dtype=dtype)
+        assert [tuple(g.shape) for g in got] == shapes
+        for m, g in zip(mats, got):
+            alone = orthogonalize(m, dtype=dtype)
+            assert g.dtype == torch.float32
+            assert torch.allclose(g, alone, atol=1e-6 if dtype is None else 1e-2), (m.shape, (g - alone).abs().max())
+    # a stack's matrices are scaled one by one: one large matrix does not shrink the others
+    small, large = mats[1], mats[5] * 1e3
+    assert torch.allclose(orthogonalize(torch.stack([small, large]))[0], orthogonalize(small), atol=1e-6)
 
 
 def test_the_muon_half_computes_what_torch_muon_computes():
@@ -119,7 +137,7 @@ def test_an_unknown_optimizer_is_a_config_error(tmp_path):
         tiny_config(tmp_path / "r", optimizer="lion")
 
 
-def _shared_out_worker(rank, world, init_file, shapes, out_file):
+def _shared_out_worker(rank, world, init_file, shapes, out_file, ns_dtype):
     """One of ``world`` processes: the same start and gradients as one process, ``distributed=True``."""
     import torch.distributed as dist
 
@@ -127,27 +145,30 @@ def _shared_out_worker(rank, world, init_file, shapes, out_file):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    calls = []
+    calls = []  # the matrices this process orthogonalised (in stacks of one shape)
     plain = muon.orthogonalize
-    muon.orthogonalize = lambda g, *a, **k: calls.append(tuple(g.shape)) or plain(g, *a, **k)
+    muon.orthogonalize = lambda g, *a, **k: calls.extend([tuple(g.shape[-2:])] * len(g)) or plain(g, *a, **k)
     start, grads = _problem(shapes)
     params = [p.clone() for p in start]
-    got = _run(MuonAdamW(params, [], lr=2e-3, weight_decay=0.1, distributed=True), params, grads)
+    got = _run(MuonAdamW(params, [], lr=2e-3, weight_decay=0.1, distributed=True, ns_dtype=ns_dtype), params, grads)
     torch.save(dict(params=got, calls=len(calls)), f"{out_file}.{rank}")
     dist.destroy_process_group()
 
 
-def test_processes_share_the_newton_schulz_work_and_get_one_process_numbers(tmp_path):
+@pytest.mark.parametrize("ns_dtype", [None, torch.bfloat16])
+def test_processes_share_the_newton_schulz_work_and_get_one_process_numbers(tmp_path, ns_dtype):
     """Under DDP every process holds the same gradients; each orthogonalises its share of the matrices and the
-    all-reduce gives every process all updates, bit for bit what one process computes alone."""
+    all-reduce gives every process all updates, bit for bit what one process computes alone (in bf16 the
+    updates travel as bf16: half the bytes, the same numbers)."""
     import torch.multiprocessing as mp
 
     shapes = [(384, 128), (128, 128), (512, 128), (128, 512), (384, 128), (128, 128)]
-    mp.spawn(_shared_out_worker, args=(2, str(tmp_path / "init"), shapes, str(tmp_path / "out")), nprocs=2)
+    mp.spawn(_shared_out_worker, args=(2, str(tmp_path / "init"), shapes, str(tmp_path / "out"), ns_dtype),
+             nprocs=2)
     torch.set_num_threads(1)
     start, grads = _problem(shapes)
     params = [p.clone() for p in start]
-    want = _run(MuonAdamW(params, [], lr=2e-3, weight_decay=0.1), params, grads)
+    want = _run(MuonAdamW(params, [], lr=2e-3, weight_decay=0.1, ns_dtype=ns_dtype), params, grads)
     ranks = [torch.load(tmp_path / f"out.{r}", weights_only=True) for r in range(2)]
     for r in ranks:
         for g, w in zip(r["params"], want):
