@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the official FID settings: ddpm 250 steps, cfg 1.5 on 3 channels, ema VAE, uniform labels, "
                    "fp32 + TF32, 50000 samples with --npz")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (1: none)")
+    p.add_argument("--cfg-schedule", choices=("constant", "linear"), default=None,
+                   help="guidance along the path: constant, or linear from 1 at pure noise to 2 x cfg-scale - 1 at "
+                        "the image (default: the run's sample_cfg_schedule, else constant)")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
     p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun "
@@ -116,6 +119,7 @@ def _settings(args, info, model) -> dict:
     s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
         {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250}.get(s["sampler"], 25)
     s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
+    s["cfg_schedule"] = args.cfg_schedule or base.get("cfg_schedule") or "constant"
     s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \
         base.get("guidance_channels")
     s["vae"] = (args.vae or base.get("vae")) if info.get("space") == "latent" else None
@@ -136,12 +140,13 @@ def _settings(args, info, model) -> dict:
 
 def _settings_note(args, s: dict, how: dict, amp: str, device) -> str:
     """One line: the settings in use and where they come from (printed for an official checkpoint or mode)."""
-    changed = [k for k in ("sampler", "steps", "cfg_scale", "guidance_channels", "vae", "labels", "precision")
+    changed = [k for k in ("sampler", "steps", "cfg_scale", "cfg_schedule", "guidance_channels", "vae", "labels", "precision")
                if getattr(args, k, None) is not None]
     labels = (f"{how['num_samples']} {how['labels']} labels" if how["labels"] != "classes" else
               f"{how['per_class']} per class")
     tf32 = " + TF32" if args.official and device.type == "cuda" else ""
-    return (f"settings: {s['sampler']}, {s['steps']} steps, cfg {s['cfg_scale']}, guidance on "
+    schedule = f" ({s['cfg_schedule']})" if s.get("cfg_schedule", "constant") != "constant" else ""
+    return (f"settings: {s['sampler']}, {s['steps']} steps, cfg {s['cfg_scale']}{schedule}, guidance on "
             f"{s['guidance_channels'] or 'all'} channels, VAE {s['vae']}, {labels}, {amp}{tf32}: {s['source']}"
             + (f"; overridden: {', '.join('--' + k.replace('_', '-') for k in changed)}" if changed else ""))
 
@@ -226,8 +231,8 @@ def main(argv=None) -> int:
     diffusion = create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
                                learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
-    options = dict(cfg_scale=settings["cfg_scale"], sampler=settings["sampler"], steps=settings["steps"],
-                   guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp, device=device,
+    options = dict(cfg_scale=settings["cfg_scale"], cfg_schedule=settings["cfg_schedule"], sampler=settings["sampler"],
+                   steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp, device=device,
                    batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
     names = info.get("label_names")
     n = len(labels)
@@ -235,6 +240,8 @@ def main(argv=None) -> int:
                    sampler=settings["sampler"], steps=settings["steps"], cfg_scale=settings["cfg_scale"],
                    guidance_channels=settings["guidance_channels"], eta=args.eta, seed=args.seed, precision=amp,
                    vae=settings["vae"], device=str(device), batch_size=batch_size)
+    if settings["cfg_schedule"] != "constant":  # recorded when used: shard folders of constant runs stay resumable
+        summary["cfg_schedule"] = settings["cfg_schedule"]
     if how["labels"] != "classes" or n > 64:
         summary["classes"] = None if how["classes"] is None else f"{len(how['classes'])} classes"
 

@@ -308,6 +308,8 @@ def main(argv=None) -> dict:
     p.add_argument("--classes", default=None, help="class names in the model's label order (default: the run's)")
     p.add_argument("--per-class", type=int, default=50)
     p.add_argument("--cfg-scale", type=float, default=None, help="default: the run's sample_cfg_scale")
+    p.add_argument("--cfg-schedule", choices=("constant", "linear"), default=None,
+                   help="default: the run's sample_cfg_schedule")
     p.add_argument("--sampler", default=None, help="default: the run's sample_sampler")
     p.add_argument("--steps", type=int, default=None, help="default: the run's sample_steps")
     p.add_argument("--seed", type=int, default=0)
@@ -340,10 +342,11 @@ def main(argv=None) -> dict:
         result = classwise.sample_and_score(
             model, diffusion, judge, class_names=names, per_class=args.per_class,
             cfg_scale=args.cfg_scale if args.cfg_scale is not None else (info.get("cfg_scale") or 1.0),
+            cfg_schedule=args.cfg_schedule or info.get("cfg_schedule") or "constant",
             sampler=args.sampler or info.get("sampler") or "ddim", steps=args.steps or info.get("steps") or 50,
             seed=args.seed, progress=True)
         summary = {"checkpoint": str(args.checkpoint)}
-        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "sampler", "steps",
+        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "cfg_schedule", "sampler", "steps",
                                                "seed")})
         images = result["images"]
     summary.update({k: result[k] for k in ("class_accuracy", "per_class_accuracy", "clean_accuracy",

@@ -14,7 +14,10 @@
 * **guidance** (Ho & Salimans 2022; DiT Sec. 4) runs the conditional and the null-class halves in one batch
   through :meth:`dit_core.models.DiT.forward_with_cfg`: ``eps = eps_null + s (eps_y - eps_null)`` on all noise
   channels, or on the first ``guidance_channels`` (3 reproduces the official sampler and its FID of 2.27).
-  ``cfg_scale=1`` is plain conditional sampling and skips the second half.
+  ``cfg_scale=1`` is plain conditional sampling and skips the second half. ``cfg_schedule="linear"`` lets the
+  scale rise along the path instead, from 1 at pure noise to ``2 s - 1`` at the image (:func:`guidance_scale`):
+  its mean over the path is ``s``, as Wang et al. 2024 ("Analysis of Classifier-Free Guidance Weight
+  Schedulers", arXiv 2404.13040) compare them; they found such increasing schedules better than a constant one.
 * **reproducible per sample.** Sample ``i`` draws its starting noise, and with DDPM or ``eta > 0`` the noise of
   every step, from its own CPU generator seeded with ``seed + i``. An image therefore depends on its seed and
   label only, not on the batch size, the batch it landed in or the device (up to float round-off of batched
@@ -51,6 +54,8 @@ from ..runtime import DTYPES, autocast, resolve_precision
 from ..vae import decode_latents
 
 SAMPLERS = ("ddpm", "ddim", "dpm-solver++")
+#: How the guidance scale varies along the path: "constant" (the paper's), or "linear" (:func:`guidance_scale`).
+CFG_SCHEDULES = ("constant", "linear")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -115,18 +120,40 @@ def check_guidance(model, cfg_scale: float) -> None:
         )
 
 
-def _guided(model, cfg_scale: float, guidance_channels: int | None):
-    """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N."""
+def check_cfg_schedule(schedule: str) -> str:
+    if schedule not in CFG_SCHEDULES:
+        raise ValueError(f"cfg_schedule must be one of {', '.join(CFG_SCHEDULES)}, got {schedule!r}")
+    return schedule
+
+
+def guidance_scale(cfg_scale: float, schedule: str, u: float) -> float:
+    """The guidance scale at path position ``u`` (0: the image, 1: pure noise; the model's timestep over the
+    training steps). ``"constant"``: ``cfg_scale`` everywhere. ``"linear"``: ``1 + 2 (s - 1)(1 - u)``, from 1 at
+    pure noise to ``2 s - 1`` at the image, ``s`` on average: weak while the coarse layout forms, strong where
+    the details that tell the classes apart are drawn (Wang et al. 2024)."""
+    if check_cfg_schedule(schedule) == "constant":
+        return float(cfg_scale)
+    return 1.0 + 2.0 * (float(cfg_scale) - 1.0) * (1.0 - min(max(float(u), 0.0), 1.0))
+
+
+def _guided(model, cfg_scale: float, guidance_channels: int | None, schedule: str = "constant",
+            num_train_steps: int = 1000):
+    """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N (the
+    scale from :func:`guidance_scale` at ``t / num_train_steps``; every sampler here steps a batch together)."""
     if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
         return lambda x, t, y: model(x, t, y).float()
     check_guidance(model, cfg_scale)
 
+    def scale(t) -> float:
+        return cfg_scale if schedule == "constant" else guidance_scale(cfg_scale, schedule,
+                                                                        float(t.reshape(-1)[0]) / num_train_steps)
+
     if hasattr(model, "forward_guided"):  # one pass on [x, x], guided in place: no doubled batch to slice
-        return lambda x, t, y: model.forward_guided(x, t, y, cfg_scale, guidance_channels=guidance_channels).float()
+        return lambda x, t, y: model.forward_guided(x, t, y, scale(t), guidance_channels=guidance_channels).float()
 
     def model_fn(x, t, y):  # another implementation of the DiT interface: only the official forward_with_cfg
         null = torch.full_like(y, model.num_classes)
-        out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), cfg_scale,
+        out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), scale(t),
                                      guidance_channels=guidance_channels)
         return out[: x.shape[0]].float()
 
@@ -314,6 +341,7 @@ def generate(
     labels=16,
     *,
     cfg_scale: float = 1.0,
+    cfg_schedule: str = "constant",
     sampler: str = "ddpm",
     steps: int | str | None = None,
     seed: int = 0,
@@ -340,7 +368,8 @@ def generate(
     - ``sampler``/``steps``: ``"ddpm"`` (default all steps; the paper uses 250), ``"ddim"`` (default 50,
       ``eta`` 0 deterministic) or ``"dpm-solver++"`` (default 25).
     - ``cfg_scale``/``guidance_channels``: classifier-free guidance scale, and how many noise channels it
-      acts on (None: all; 3: the official sampler).
+      acts on (None: all; 3: the official sampler). ``cfg_schedule``: ``"constant"`` (the paper) or
+      ``"linear"`` (rising along the path, ``cfg_scale`` on average: :func:`guidance_scale`).
     - ``clip_denoised``: clamp the predicted x_0 to [-1, 1]; default True in pixel space (the result is an
       image in [-1, 1]) and False with a ``vae`` (latents are not bounded).
     - ``vae``: a diffusers ``AutoencoderKL``: the samples are latents, divided by ``vae_scale`` (default:
@@ -380,25 +409,28 @@ def generate(
     if amp == "fp32" and weights in (torch.bfloat16, torch.float16):  # half weights need autocast for fp32 inputs
         amp = "bf16" if weights == torch.bfloat16 else "fp16"
     check_guidance(model, cfg_scale)
+    check_cfg_schedule(cfg_schedule)
     if here != device:  # sample a temporary copy where asked; the caller's model stays where it is
         copy_dtype = DTYPES[amp] if amp in ("bf16", "fp16") else None
         # the copy is referenced by _generate's frame only: freed when it returns (its GPU memory goes back
         # to PyTorch's allocator, for the training to reuse)
         return _generate(sampling_copy(model, device, copy_dtype), diffusion, labels, cfg_scale=cfg_scale,
-                         sampler=sampler, steps=steps, seed=seed, device=device, batch_size=batch_size,
+                         cfg_schedule=cfg_schedule, sampler=sampler, steps=steps, seed=seed, device=device,
+                         batch_size=batch_size,
                          clip_denoised=clip_denoised, guidance_channels=guidance_channels, eta=eta, amp=amp,
                          progress=progress, vae=vae, vae_scale=vae_scale, decode_batch_size=decode_batch_size,
                          vae_tiling=vae_tiling, callback=callback)
     with _eval_mode(model):
-        return _generate(model, diffusion, labels, cfg_scale=cfg_scale, sampler=sampler, steps=steps, seed=seed,
+        return _generate(model, diffusion, labels, cfg_scale=cfg_scale, cfg_schedule=cfg_schedule, sampler=sampler,
+                         steps=steps, seed=seed,
                          device=device, batch_size=batch_size, clip_denoised=clip_denoised,
                          guidance_channels=guidance_channels, eta=eta, amp=amp, progress=progress, vae=vae,
                          vae_scale=vae_scale, decode_batch_size=decode_batch_size, vae_tiling=vae_tiling,
                          callback=callback)
 
 
-def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, device, batch_size, clip_denoised,
-              guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling, callback):
+def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, steps, seed, device, batch_size,
+              clip_denoised, guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling, callback):
     """:func:`generate` once the model is in eval mode on ``device`` and the arguments are checked."""
     if diffusion is None:
         diffusion = create_diffusion("", learn_sigma=getattr(model, "learn_sigma", True))
@@ -415,7 +447,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, devi
         spaced = diffusion
     num_steps = spaced.num_timesteps if sampler in ("ddpm", "ddim") else int(steps)
     shape = (model.in_channels, model.input_size, model.input_size)
-    model_fn = _guided(model, cfg_scale, guidance_channels)
+    model_fn = _guided(model, cfg_scale, guidance_channels, cfg_schedule, _training_steps(spaced))
 
     bar = None
     if progress:

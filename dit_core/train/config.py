@@ -153,6 +153,9 @@ class TrainConfig:
         "ddim", "sampler for the grids: ddim, ddpm or dpm-solver++; with objective flow: euler (= ddim), heun or "
                 "euler-maruyama")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
+    sample_cfg_schedule: Literal["constant", "linear"] = _f(
+        "constant", "guidance along the path: constant (the paper) or linear (from 1 at pure noise to "
+                    "2 sample_cfg_scale - 1 at the image; dit_core.sample.guidance_scale)")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
     tensorboard: bool = _f(True, "write TensorBoard logs to <out>/tb")
