@@ -140,8 +140,8 @@ def _settings(args, info, model) -> dict:
 
 def _settings_note(args, s: dict, how: dict, amp: str, device) -> str:
     """One line: the settings in use and where they come from (printed for an official checkpoint or mode)."""
-    changed = [k for k in ("sampler", "steps", "cfg_scale", "cfg_schedule", "guidance_channels", "vae", "labels", "precision")
-               if getattr(args, k, None) is not None]
+    changed = [k for k in ("sampler", "steps", "cfg_scale", "cfg_schedule", "guidance_channels", "vae", "labels",
+                           "precision") if getattr(args, k, None) is not None]
     labels = (f"{how['num_samples']} {how['labels']} labels" if how["labels"] != "classes" else
               f"{how['per_class']} per class")
     tf32 = " + TF32" if args.official and device.type == "cuda" else ""
@@ -232,8 +232,8 @@ def main(argv=None) -> int:
                                learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
     options = dict(cfg_scale=settings["cfg_scale"], cfg_schedule=settings["cfg_schedule"], sampler=settings["sampler"],
-                   steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp, device=device,
-                   batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
+                   steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp,
+                   device=device, batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
     names = info.get("label_names")
     n = len(labels)
     summary = dict(ckpt=str(args.ckpt), kind=info.get("kind"), official=bool(args.official), images=n, **how,

@@ -346,8 +346,8 @@ def main(argv=None) -> dict:
             sampler=args.sampler or info.get("sampler") or "ddim", steps=args.steps or info.get("steps") or 50,
             seed=args.seed, progress=True)
         summary = {"checkpoint": str(args.checkpoint)}
-        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "cfg_schedule", "sampler", "steps",
-                                               "seed")})
+        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "cfg_schedule",
+                                               "sampler", "steps", "seed")})
         images = result["images"]
     summary.update({k: result[k] for k in ("class_accuracy", "per_class_accuracy", "clean_accuracy",
                                            "per_class_clean_accuracy", "frechet_distance", "real_floor",

@@ -14,6 +14,6 @@ from .files import load_model, make_grid, parse_classes, save_grid, save_npz, to
 from .samplers import (CFG_SCHEDULES, SAMPLERS, check_guidance, ddim_timesteps, dpm_solver_scheduler, generate,
                        guidance_scale, has_null_class, respaced, sampling_copy)
 
-__all__ = ["CFG_SCHEDULES", "SAMPLERS", "check_guidance", "ddim_timesteps", "dpm_solver_scheduler", "generate", "guidance_scale",
-           "has_null_class", "load_model", "make_grid", "parse_classes", "respaced", "sampling_copy", "save_grid", "save_npz",
-           "to_uint8"]
+__all__ = ["CFG_SCHEDULES", "SAMPLERS", "check_guidance", "ddim_timesteps", "dpm_solver_scheduler", "generate",
+           "guidance_scale", "has_null_class", "load_model", "make_grid", "parse_classes", "respaced", "sampling_copy",
+           "save_grid", "save_npz", "to_uint8"]

@@ -139,14 +139,17 @@ def guidance_scale(cfg_scale: float, schedule: str, u: float) -> float:
 def _guided(model, cfg_scale: float, guidance_channels: int | None, schedule: str = "constant",
             num_train_steps: int = 1000):
     """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N (the
-    scale from :func:`guidance_scale` at ``t / num_train_steps``; every sampler here steps a batch together)."""
+    scale from :func:`guidance_scale` at ``t / num_train_steps``)."""
     if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
         return lambda x, t, y: model(x, t, y).float()
     check_guidance(model, cfg_scale)
 
-    def scale(t) -> float:
-        return cfg_scale if schedule == "constant" else guidance_scale(cfg_scale, schedule,
-                                                                        float(t.reshape(-1)[0]) / num_train_steps)
+    if schedule == "constant":
+        def scale(t) -> float:
+            return cfg_scale
+    else:  # every sampler here steps a batch at one timestep: its first entry is the batch's
+        def scale(t) -> float:
+            return guidance_scale(cfg_scale, schedule, float(t.reshape(-1)[0]) / num_train_steps)
 
     if hasattr(model, "forward_guided"):  # one pass on [x, x], guided in place: no doubled batch to slice
         return lambda x, t, y: model.forward_guided(x, t, y, scale(t), guidance_channels=guidance_channels).float()
@@ -416,21 +419,20 @@ def generate(
         # to PyTorch's allocator, for the training to reuse)
         return _generate(sampling_copy(model, device, copy_dtype), diffusion, labels, cfg_scale=cfg_scale,
                          cfg_schedule=cfg_schedule, sampler=sampler, steps=steps, seed=seed, device=device,
-                         batch_size=batch_size,
-                         clip_denoised=clip_denoised, guidance_channels=guidance_channels, eta=eta, amp=amp,
-                         progress=progress, vae=vae, vae_scale=vae_scale, decode_batch_size=decode_batch_size,
-                         vae_tiling=vae_tiling, callback=callback)
+                         batch_size=batch_size, clip_denoised=clip_denoised, guidance_channels=guidance_channels,
+                         eta=eta, amp=amp, progress=progress, vae=vae, vae_scale=vae_scale,
+                         decode_batch_size=decode_batch_size, vae_tiling=vae_tiling, callback=callback)
     with _eval_mode(model):
         return _generate(model, diffusion, labels, cfg_scale=cfg_scale, cfg_schedule=cfg_schedule, sampler=sampler,
-                         steps=steps, seed=seed,
-                         device=device, batch_size=batch_size, clip_denoised=clip_denoised,
+                         steps=steps, seed=seed, device=device, batch_size=batch_size, clip_denoised=clip_denoised,
                          guidance_channels=guidance_channels, eta=eta, amp=amp, progress=progress, vae=vae,
                          vae_scale=vae_scale, decode_batch_size=decode_batch_size, vae_tiling=vae_tiling,
                          callback=callback)
 
 
 def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, steps, seed, device, batch_size,
-              clip_denoised, guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling, callback):
+              clip_denoised, guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling,
+              callback):
     """:func:`generate` once the model is in eval mode on ``device`` and the arguments are checked."""
     if diffusion is None:
         diffusion = create_diffusion("", learn_sigma=getattr(model, "learn_sigma", True))

@@ -140,16 +140,14 @@ class MuonAdamW(torch.optim.Optimizer):
                 raise ValueError(f"Muon updates matrices, got a parameter of shape {tuple(p.shape)}")
         rank, world = self._world()
         owner = owners([p.shape for p in params], world)
-        mu, mine = group["momentum"], []
+        mu, mine, nesterov = group["momentum"], [], []
         for p, r in zip(params, owner):
             buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
             buf.lerp_(p.grad, 1 - mu)  # every process moves every buffer: they stay equal, and checkpoints whole
             if r == rank:
                 mine.append(p)
-        # in the Newton-Schulz precision: the update is exactly representable there
-        done = orthogonalize_all([p.grad.lerp(self.state[p]["momentum_buffer"], mu) for p in mine],
-                                 group["ns_steps"], dtype=self.ns_dtype)
-        updates = dict(zip(mine, done))
+                nesterov.append(p.grad.lerp(buf, mu))
+        updates = dict(zip(mine, orthogonalize_all(nesterov, group["ns_steps"], dtype=self.ns_dtype)))
         if world > 1:
             # the updates travel in the Newton-Schulz precision: bf16 halves the bytes and loses nothing
             flat = torch.zeros(sum(p.numel() for p in params), dtype=self.ns_dtype or params[0].grad.dtype,

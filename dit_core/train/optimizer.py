@@ -12,6 +12,7 @@ import torch
 from .config import ConfigError, TrainConfig
 from .muon import make_muon
 
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
                    distributed: bool = False, precision: str = "fp32") -> torch.optim.Optimizer:
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
