@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dit_core.alignment import TrainingHeads, TrainingModel, forward_tokens, patchify
-from dit_core.diffusion import create_diffusion, create_process
-from dit_core.diffusion.flow import FLOW_SAMPLERS, LinearInterpolant, flow_sampler_name, sample_flow
+from dit_core.diffusion import create_diffusion, create_process, process_of
+from dit_core.diffusion.flow import FLOW_SAMPLERS, T_MIN, LinearInterpolant, flow_sampler_name, sample_flow
 from dit_core.models import DiT
 from dit_core.teachers import DinoV2, dinov2_config, load_dinov2, TeacherNotFoundError, token_features
 from dit_core.train.objectives import (ObjectiveOptions, alignment_loss, ddpm_steps, ddpm_terms, kept_tokens,
@@ -43,6 +43,41 @@ def test_the_path_its_velocity_and_both_ends():
     torch.testing.assert_close((flow.path(x0, eps, t + h) - flow.path(x0, eps, t - h)) / (2 * h), v, atol=1e-3, rtol=0)
     assert torch.equal(flow.path(x0, eps, torch.zeros(5)), x0) and torch.equal(flow.path(x0, eps, torch.ones(5)), eps)
     assert torch.equal(flow.model_time(torch.tensor([0.25])), torch.tensor([250.0]))
+
+
+def test_a_data_prediction_stands_for_the_velocity_towards_that_image():
+    """JiT's parameterisation: the network answers x_0; the sampler and the loss see v = (x_t - x_0) / t."""
+    torch.manual_seed(0)
+    flow = LinearInterpolant("data")
+    x0, eps = torch.randn(6, 2, 3, 3), torch.randn(6, 2, 3, 3)
+    t = torch.tensor([0.01, 0.04, 0.05, 0.3, 0.7, 1.0])
+    x_t = flow.path(x0, eps, t)
+    torch.testing.assert_close(flow.velocity(x_t, t, x0), flow.velocity_target(x0, eps))  # the right answer
+    guess = x0 + 0.1 * torch.randn_like(x0)
+    far = t >= T_MIN  # there the loss is exactly the velocity MSE of what the guess implies
+    velocity_mse = (flow.velocity(x_t, t, guess) - flow.velocity_target(x0, eps)) ** 2
+    torch.testing.assert_close(flow.loss_map(x0, eps, t, guess)[far], velocity_mse[far])
+    near = ~far  # near the data end its weight stops growing at 1 / T_MIN^2
+    torch.testing.assert_close(flow.loss_map(x0, eps, t, guess)[near], ((guess - x0) ** 2 / T_MIN**2)[near])
+    torch.testing.assert_close(flow.loss_map(x0, eps, t, guess)[near],  # (t / T_MIN)^2 of the velocity MSE there
+                               (velocity_mse * (t / T_MIN).reshape(-1, 1, 1, 1) ** 2)[near])
+    plain = LinearInterpolant()  # the velocity parameterisation passes the output through
+    assert plain.velocity(x_t, t, eps) is eps
+    assert torch.equal(plain.loss_map(x0, eps, t, eps), (plain.velocity_target(x0, eps) - eps) ** 2)
+    with pytest.raises(ValueError, match="flow_prediction must be one of velocity, data, got 'x'"):
+        LinearInterpolant("x")
+    assert create_process("flow", learn_sigma=False, flow_prediction="data").prediction == "data"
+    made = process_of({"objective": "flow", "flow_prediction": "data"}, learn_sigma=False)
+    assert made.prediction == "data" and process_of({"objective": "flow"}, learn_sigma=False).prediction == "velocity"
+
+
+@pytest.mark.parametrize("sampler", ["euler", "heun", "euler-maruyama"])
+def test_a_network_that_always_answers_one_image_is_sampled_to_that_image(sampler):
+    """Every sampler follows a data prediction to the image it names (the last interval lands on it)."""
+    flow, image = LinearInterpolant("data"), torch.randn(3, 2, 4, 4)
+    x = torch.randn(3, 2, 4, 4)
+    out = sample_flow(lambda xx, t: flow.velocity(xx, t, image), x, sampler=sampler, steps=7)
+    torch.testing.assert_close(out, image, atol=1e-5, rtol=0)
 
 
 def gaussian_velocity(mu: float, sigma: float):

@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from dit_core.diffusion import create_process
+    from dit_core.diffusion import process_of
     from dit_core.runtime import DTYPES, resolve_device, resolve_precision, set_tf32, set_threads
     from dit_core.sample import generate, load_model, save_grid, to_uint8
     from dit_core.sample.shards import SampleRunError, fingerprint, sample_to_npz
@@ -228,8 +228,7 @@ def main(argv=None) -> int:
         except (VAENotFoundError, OSError, ValueError) as err:
             return _fail(f"this is a latent model and its VAE cannot be loaded: {err}")
     # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
-    diffusion = create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
-                               learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
+    diffusion = process_of(info, model.learn_sigma)
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
     options = dict(cfg_scale=settings["cfg_scale"], cfg_schedule=settings["cfg_schedule"], sampler=settings["sampler"],
                    steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp,

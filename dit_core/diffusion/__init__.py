@@ -25,6 +25,7 @@ from .schedule import get_named_beta_schedule
 __all__ = [
     "create_diffusion",
     "create_process",
+    "process_of",
     "LinearInterpolant",
     "GaussianDiffusion",
     "SpacedDiffusion",
@@ -81,16 +82,26 @@ def create_diffusion(
     )
 
 
-def create_process(objective="ddpm", noise_schedule="linear", learn_sigma=True, diffusion_steps=1000):
+def create_process(objective="ddpm", noise_schedule="linear", learn_sigma=True, diffusion_steps=1000,
+                   flow_prediction="velocity"):
     """The process a model was trained with, for training and sampling it: DiT's Gaussian diffusion over all
     ``diffusion_steps`` (``objective="ddpm"``, :func:`create_diffusion`) or the linear interpolant
     (``objective="flow"``, :class:`~dit_core.diffusion.flow.LinearInterpolant`; it has no schedule and no
-    learned variance)."""
+    learned variance; ``flow_prediction``: what the network outputs, the velocity or the clean image)."""
     if objective == "flow":
         if learn_sigma:
             raise ValueError("objective 'flow' predicts a velocity only: build the model with learn_sigma=False")
-        return LinearInterpolant()
+        return LinearInterpolant(flow_prediction)
     if objective != "ddpm":
         raise ValueError(f"objective must be 'ddpm' or 'flow', got {objective!r}")
     return create_diffusion("", noise_schedule=noise_schedule, learn_sigma=learn_sigma,
                             diffusion_steps=diffusion_steps)
+
+
+def process_of(info: dict, learn_sigma: bool):
+    """:func:`create_process` for a trained model, from its run's config or :func:`dit_core.sample.load_model`'s
+    ``info`` (the keys ``objective``, ``noise_schedule``, ``diffusion_steps``, ``flow_prediction``; DiT's
+    defaults where one is missing)."""
+    return create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
+                          learn_sigma=learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000),
+                          flow_prediction=info.get("flow_prediction", "velocity"))

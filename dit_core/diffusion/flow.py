@@ -11,6 +11,17 @@ spans for DiT's 1000 diffusion steps, noisier inputs at larger timesteps as with
 
 From one velocity prediction both ends of the path follow: ``x_0 = x_t - t v`` and ``eps = x_t + (1 - t) v``.
 
+**What the network outputs** (``prediction``): the velocity itself (``"velocity"``, SiT), or the clean image
+(``"data"``, JiT: Li & He 2025, "Back to Basics: Let Denoising Generative Models Denoise", arXiv 2511.13720),
+from which ``v = (x_t - x_0) / t``. The loss is the velocity MSE either way; for a data prediction it reads
+``|x_0' - x_0|^2 / t^2``, its weight capped at ``1 / T_MIN^2`` near the data end (JiT bounds the same
+denominator with its ``t_eps``).
+The two are the same function of the network's output up to that weight, but not the same thing to learn: a
+velocity is half noise, spread over every pixel direction, while clean images lie on a far smaller set, so a
+network too narrow for its patches can still predict them (JiT's argument, made for patches of 16x16 and
+32x32 pixels at 256-512 px). With 2x2-pixel patches in a 128-wide token (the ``small-images`` profile) it did
+not help: see that profile's YAML file for the figures.
+
 **Sampling** integrates the probability-flow ODE ``dx/dt = v(x, t)`` from ``t = 1`` (pure noise) down to ``t = 0``
 on ``steps`` equal intervals:
 
@@ -49,6 +60,12 @@ def flow_sampler_name(name: str) -> str:
     return key
 
 
+#: What the network may output: the velocity (SiT) or the clean image (JiT).
+FLOW_PREDICTIONS = ("velocity", "data")
+#: The smallest ``t`` in the data prediction's loss weight ``1 / t^2`` (our choice; JiT bounds it with its ``t_eps``).
+T_MIN = 0.05
+
+
 def _bcast(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
@@ -64,6 +81,24 @@ class LinearInterpolant:
 
     is_interpolant = True
     num_timesteps = 1000
+
+    def __init__(self, prediction: str = "velocity"):
+        if prediction not in FLOW_PREDICTIONS:
+            raise ValueError(f"flow_prediction must be one of {', '.join(FLOW_PREDICTIONS)}, got {prediction!r}")
+        self.prediction = prediction
+
+    def velocity(self, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The velocity that the network's output ``out`` at ``(x_t, t)`` stands for (``t`` > 0, shape (N,))."""
+        if self.prediction == "velocity":
+            return out
+        return (x_t - out) / _bcast(t, x_t)
+
+    def loss_map(self, x_start: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The squared velocity error of each element (shape of ``x_start``); for a data prediction
+        ``(out - x_0)^2 / max(t, T_MIN)^2``."""
+        if self.prediction == "velocity":
+            return (self.velocity_target(x_start, noise) - out) ** 2
+        return (out - x_start) ** 2 / _bcast(t.clamp(min=T_MIN), x_start) ** 2
 
     def model_time(self, t: torch.Tensor) -> torch.Tensor:
         """The timestep the DiT sees for time ``t``: ``1000 t``."""
@@ -98,7 +133,7 @@ class LinearInterpolant:
             noise = torch.randn_like(x_start)
         x_t = self.path(x_start, noise, t)
         out = model(x_t, self.model_time(t), **(model_kwargs or {}))
-        mse = ((self.velocity_target(x_start, noise) - out) ** 2).mean(dim=tuple(range(1, x_start.dim())))
+        mse = self.loss_map(x_start, noise, t, out).mean(dim=tuple(range(1, x_start.dim())))
         return {"loss": mse, "mse": mse}
 
 

@@ -171,7 +171,7 @@ def main(argv=None) -> dict:
     from pathlib import Path
 
     from ..checkpoint import load_dit
-    from ..diffusion import create_process
+    from ..diffusion import process_of
 
     p = argparse.ArgumentParser(prog="python -m dit_core.eval.digits", description=main.__doc__)
     p.add_argument("checkpoint", help="a run folder (uses checkpoints/last.pt) or a checkpoint file")
@@ -188,8 +188,7 @@ def main(argv=None) -> dict:
         path = path / "checkpoints" / "last.pt"
     model = load_dit(path)
     ckpt_cfg = torch.load(path, map_location="cpu", weights_only=True).get("config", {})
-    diffusion = create_process(ckpt_cfg.get("objective", "ddpm"),
-                               noise_schedule=ckpt_cfg.get("noise_schedule", "linear"), learn_sigma=model.learn_sigma, diffusion_steps=ckpt_cfg.get("diffusion_steps", 1000))
+    diffusion = process_of(ckpt_cfg, model.learn_sigma)
     result = evaluate(model, diffusion, per_class=args.per_class, cfg_scale=args.cfg_scale, sampler=args.sampler,
                       steps=args.steps, seed=args.seed, amp=args.amp, progress=True)
     if args.grid:

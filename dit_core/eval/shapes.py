@@ -331,14 +331,13 @@ def main(argv=None) -> dict:
     else:
         if not args.checkpoint:
             p.error("pass a run folder or checkpoint, or --npz")
-        from ..diffusion import create_process
+        from ..diffusion import process_of
         from ..sample import load_model
 
         model, info = load_model(args.checkpoint)
         names = args.classes.split(",") if args.classes else info.get("label_names") or list(DEFAULT_CLASSES)
         judge = classifier(names, model.input_size, "L" if model.in_channels == 1 else "RGB")
-        diffusion = create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
-                                   learn_sigma=model.learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))
+        diffusion = process_of(info, model.learn_sigma)
         result = classwise.sample_and_score(
             model, diffusion, judge, class_names=names, per_class=args.per_class,
             cfg_scale=args.cfg_scale if args.cfg_scale is not None else (info.get("cfg_scale") or 1.0),

@@ -214,7 +214,7 @@ def _run_flow(process, model_fn, x, y, gens, *, sampler: str, steps: int, amp, d
 
     def velocity(xx, t):
         with autocast(device, amp):
-            return model_fn(xx, process.model_time(t), y)[:, :channels].float()
+            return process.velocity(xx, t, model_fn(xx, process.model_time(t), y)[:, :channels].float())
 
     return sample_flow(velocity, x, sampler=sampler, steps=steps, noise=lambda shape: _noise(gens, shape, device),
                        callback=callback, tick=tick)

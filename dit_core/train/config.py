@@ -74,6 +74,9 @@ class TrainConfig:
     objective: Literal["ddpm", "flow"] = _f("ddpm", "ddpm: DiT's noise prediction and hybrid loss; flow: the linear "
                                                     "interpolant with velocity prediction (SiT; needs --learn-sigma "
                                                     "false, samples with euler/heun/euler-maruyama)")
+    flow_prediction: Literal["velocity", "data"] = _f("velocity", "with objective flow, what the network outputs: "
+                                                                  "velocity (SiT) or data, the clean image (JiT, "
+                                                                  "Li & He 2025); the loss is the velocity MSE")
     timestep_sampling: Literal["uniform", "logit_normal"] = _f("uniform", "training times: uniform, or logit_normal "
                                                                         "t = sigmoid(n), n ~ N(logit_mean, logit_std) "
                                                                         "(SD3); ddpm uses step floor(t T)")
@@ -368,6 +371,9 @@ def validate(cfg: TrainConfig) -> None:
 def _objective_problems(cfg: TrainConfig) -> list[str]:
     """The settings of :mod:`dit_core.train.objectives` that cannot work, each with its fix."""
     problems = []
+    if cfg.objective != "flow" and cfg.flow_prediction != "velocity":
+        problems.append(f"flow_prediction {cfg.flow_prediction} needs objective flow: add --objective flow "
+                        "--learn-sigma false, or drop flow_prediction")
     if cfg.objective == "flow" and cfg.learn_sigma:
         problems.append("objective flow predicts a velocity and learns no variance: add --learn-sigma false")
     flow_samplers = ("euler", "heun", "euler-maruyama", "ddim")

@@ -357,7 +357,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     ema = create_ema(model, device="cpu" if cfg.ema_device == "cpu" else None)
     # DiT's diffusion, or the linear interpolant of objective "flow" (dit_core.diffusion.flow)
     diffusion = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                               diffusion_steps=cfg.diffusion_steps)
+                               diffusion_steps=cfg.diffusion_steps, flow_prediction=cfg.flow_prediction)
     # None with DiT's recipe; else the options of dit_core.train.objectives, their training-only parameters
     # (trained with the DiT, not part of it) and the teacher of representation alignment
     objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
@@ -380,6 +380,10 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
         if info["config"].get("objective", "ddpm") != cfg.objective:
             raise ConfigError(f"cannot resume from {ckpt_path}: it was trained with objective "
                               f"{info['config'].get('objective', 'ddpm')}, this run asks for {cfg.objective}")
+        if info["config"].get("flow_prediction", "velocity") != cfg.flow_prediction:
+            raise ConfigError(f"cannot resume from {ckpt_path}: its network predicts the "
+                              f"{info['config'].get('flow_prediction', 'velocity')}, this run asks for "
+                              f"flow_prediction {cfg.flow_prediction}")
         step, samples_seen, stepper.ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
         loss_value = float(info["metrics"].get("loss", loss_value))
         budget_steps = info["config"].get("budget_steps")  # a time budget's decision: kept (dit_core.train.budget)

@@ -266,7 +266,7 @@ class Objective:
         u = d.u[batch_slice].to(dev)
         if self.flow:
             x_t = self.process.path(x_start, noise, u)
-            model_t, target = self.process.model_time(u), self.process.velocity_target(x_start, noise)
+            model_t = self.process.model_time(u)
         else:
             if o.timestep_sampling != "uniform":
                 steps = ddpm_steps(u, self.process.num_timesteps)
@@ -282,7 +282,7 @@ class Objective:
             weights = torch.zeros(len(keep), self.num_tokens, device=dev).scatter_(1, keep, 1.0)
         if self.flow:
             prediction = output
-            terms = {"mse": token_mean((target - prediction) ** 2, self.patch_size, weights)}
+            terms = {"mse": token_mean(self.process.loss_map(x_start, noise, u, prediction), self.patch_size, weights)}
         else:
             prediction, terms = ddpm_terms(self.process, output, x_start, x_t, steps, noise, self.patch_size, weights)
         mse = terms["mse"]
