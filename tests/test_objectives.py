@@ -10,7 +10,8 @@ import torch
 
 from dit_core.alignment import TrainingHeads, TrainingModel, forward_tokens, patchify
 from dit_core.diffusion import create_diffusion, create_process, process_of
-from dit_core.diffusion.flow import FLOW_SAMPLERS, T_MIN, LinearInterpolant, flow_sampler_name, sample_flow
+from dit_core.diffusion.flow import (FLOW_SAMPLERS, T_MIN, LinearInterpolant, flow_sampler_name, langevin_correct,
+                                     sample_flow)
 from dit_core.models import DiT
 from dit_core.teachers import DinoV2, dinov2_config, load_dinov2, TeacherNotFoundError, token_features
 from dit_core.train.objectives import (ObjectiveOptions, alignment_loss, ddpm_steps, ddpm_terms, kept_tokens,
@@ -71,7 +72,7 @@ def test_a_data_prediction_stands_for_the_velocity_towards_that_image():
     assert made.prediction == "data" and process_of({"objective": "flow"}, learn_sigma=False).prediction == "velocity"
 
 
-@pytest.mark.parametrize("sampler", ["euler", "heun", "euler-maruyama"])
+@pytest.mark.parametrize("sampler", ["euler", "heun", "euler-maruyama", "euler-langevin"])
 def test_a_network_that_always_answers_one_image_is_sampled_to_that_image(sampler):
     """Every sampler follows a data prediction to the image it names (the last interval lands on it)."""
     flow, image = LinearInterpolant("data"), torch.randn(3, 2, 4, 4)
@@ -92,15 +93,38 @@ def gaussian_velocity(mu: float, sigma: float):
     return v
 
 
-@pytest.mark.parametrize("sampler, steps", [("euler", 200), ("heun", 20), ("euler-maruyama", 400)])
+@pytest.mark.parametrize("sampler, steps", [("euler", 200), ("heun", 20), ("euler-maruyama", 400),
+                                           ("euler-langevin", 200)])
 def test_every_sampler_turns_noise_into_the_data_distribution(sampler, steps):
-    """With the exact velocity of Gaussian data, the ODE and SDE samplers land on that Gaussian."""
+    """With the exact velocity of Gaussian data, the ODE and SDE samplers land on that Gaussian (samples of 256
+    numbers: the corrector sizes its steps by a sample's score norm, as for images)."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(20000, 1, generator=g)
+    x = torch.randn(80, 256, generator=g)
     out = sample_flow(gaussian_velocity(1.5, 0.5), x, sampler=sampler, steps=steps,
-                      noise=lambda shape: torch.randn((20000, *shape), generator=g))
+                      noise=lambda shape: torch.randn((80, *shape), generator=g))
     assert out.mean().item() == pytest.approx(1.5, abs=0.02)
     assert out.std().item() == pytest.approx(0.5, abs=0.02)
+
+
+def test_the_langevin_corrector_keeps_the_marginal_and_pulls_a_wrong_sample_towards_it():
+    """At time t the corrector's stationary law is the model's marginal there: samples of the exact marginal of
+    Gaussian data stay distributed as it, and samples started too wide are drawn in; it makes ~2.5x the model
+    calls of Euler at 50 steps (Euler's 50, and 3 at each of the 25 times in [0.1, 0.6])."""
+    mu, sigma, t = 1.5, 0.5, 0.4
+    v = gaussian_velocity(mu, sigma)
+    g = torch.Generator().manual_seed(1)
+    noise = lambda shape: torch.randn((400, *shape), generator=g)  # noqa: E731
+    mean, std = (1 - t) * mu, ((1 - t) ** 2 * sigma**2 + t**2) ** 0.5
+    x = mean + std * torch.randn(400, 256, generator=g)
+    out = langevin_correct(v, x, t, noise, steps=20)
+    assert out.mean().item() == pytest.approx(mean, abs=0.01) and out.std().item() == pytest.approx(std, rel=0.015)
+    wide = mean + 3 * std * torch.randn(400, 256, generator=g)
+    pulled = langevin_correct(v, wide, t, noise, steps=60)  # gently: the step shrinks as the score grows
+    assert std < pulled.std().item() < 0.92 * wide.std().item()
+    calls = []
+    counting = lambda xx, tt: (calls.append(1), torch.zeros_like(xx))[1]  # noqa: E731
+    sample_flow(counting, torch.randn(2, 3), sampler="euler-langevin", steps=50)
+    assert len(calls) == 50 + 3 * 25
 
 
 def test_euler_is_ddim_and_ddpm_samplers_are_refused():
@@ -116,9 +140,10 @@ def test_euler_is_ddim_and_ddpm_samplers_are_refused():
         y = (1 - s) * flow.x0_from_velocity(y, tt, v) + s * flow.eps_from_velocity(y, tt, v)
     torch.testing.assert_close(out, y)
     assert [i["t"] for i in seen] == [0.75, 0.5, 0.25, 0.0]
-    assert flow_sampler_name("sde") == "euler-maruyama" and set(FLOW_SAMPLERS) == {"euler", "heun", "euler-maruyama"}
+    assert flow_sampler_name("sde") == "euler-maruyama" and set(FLOW_SAMPLERS) == {"euler", "heun", "euler-maruyama",
+                                                                                 "euler-langevin"}
     for name in ("ddpm", "dpm-solver++"):
-        with pytest.raises(ValueError, match="objective 'flow'.*velocity.*euler, heun, euler-maruyama"):
+        with pytest.raises(ValueError, match="objective 'flow'.*velocity.*euler, heun, euler-maruyama, euler-langevin"):
             flow_sampler_name(name)
     with pytest.raises(ValueError, match="learn_sigma=False"):
         create_process("flow", learn_sigma=True)

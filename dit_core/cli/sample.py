@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the image (default: the run's sample_cfg_schedule, else constant)")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
-    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun "
-                                                  "or euler-maruyama")
+    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun, "
+                                                  "euler-maruyama or euler-langevin (Euler with Langevin corrector "
+                                                  "steps)")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (ddpm 250, ddim 50, dpm-solver++ 25)")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM noise (0: deterministic)")
     p.add_argument("--seed", type=int, default=0, help="sample i uses seed + i, whatever the batch size")
@@ -117,7 +118,7 @@ def _settings(args, info, model) -> dict:
     s = {}
     s["sampler"] = args.sampler or base.get("sampler") or "ddpm"
     s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
-        {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250}.get(s["sampler"], 25)
+        {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250, "euler-langevin": 50}.get(s["sampler"], 25)
     s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
     s["cfg_schedule"] = args.cfg_schedule or base.get("cfg_schedule") or "constant"
     s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \

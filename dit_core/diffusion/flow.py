@@ -35,7 +35,17 @@ on ``steps`` equal intervals:
   injected in proportion to the noise level, vanishing at the data end). One step reads
   ``x_{t-h} = x_t - h (v + eps/2) + sqrt(t h) z``; the last interval is the deterministic step to
   ``x_0 = x_t - t v``, so the sample carries no fresh noise. SiT's SDE sampler is the same idea with its own
-  choices of ``g`` (SiT's default is a form it calls "sigma") and a last step of 0.04.
+  choices of ``g`` (SiT's default is a form it calls "sigma") and a last step of 0.04;
+* ``euler-langevin``: Euler, and after each step that reaches a time ``t`` in :data:`LANGEVIN_WINDOW`,
+  :data:`LANGEVIN_STEPS` Langevin corrector steps at that time (predictor-corrector sampling, Song et al. 2021,
+  "Score-Based Generative Modeling through Stochastic Differential Equations", section 4.2):
+  ``x <- x + d s + sqrt(2 d) z`` with the score ``s = -eps/t`` and the step ``d = 2 (r sqrt(D) / |s|)^2`` per
+  sample of ``D`` numbers,
+  ``r`` = :data:`LANGEVIN_SNR` (their signal-to-noise rule). At the same ``steps`` it calls the model ~2.5x as
+  often as Euler. The corrector pulls each sample back towards where the (guided) model puts its mass at that
+  time, so a sample that hesitates between two modes commits to one: on the ``small-images`` shapes it put ~1.4
+  points more samples in their class over six models, at a larger distance to the real images (less variety);
+  that profile's YAML file has the figures.
 """
 
 from __future__ import annotations
@@ -43,8 +53,15 @@ from __future__ import annotations
 import torch
 
 #: Flow samplers, and the other names accepted for them.
-FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")
+FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama", "euler-langevin")
 FLOW_ALIASES = {"ddim": "euler", "sde": "euler-maruyama", "ode": "euler"}
+#: ``euler-langevin``: corrector steps after each Euler step that lands in this time window (our choice, measured on
+#: the small-images shapes: the other windows, step counts and sizes tried there helped less or no more),
+LANGEVIN_WINDOW = (0.1, 0.6)
+#: this many corrector steps there,
+LANGEVIN_STEPS = 3
+#: and the signal-to-noise ratio ``r`` that sets their size.
+LANGEVIN_SNR = 0.1
 
 
 def flow_sampler_name(name: str) -> str:
@@ -145,6 +162,27 @@ def time_grid(steps: int) -> list[float]:
     return [1.0 - i / steps for i in range(steps + 1)]
 
 
+def langevin_correct(velocity, x: torch.Tensor, t: float, noise, steps: int = LANGEVIN_STEPS,
+                     snr: float = LANGEVIN_SNR) -> torch.Tensor:
+    """``steps`` Langevin steps at time ``t`` (0 < t < 1) towards the model's marginal there (``euler-langevin``,
+    the module docstring): ``x <- x + d s + sqrt(2 d) z``, ``s = -(x + (1 - t) v) / t``, and for each sample
+    ``d = 2 (snr sqrt(D) / |s|)^2`` with ``D`` the numbers in a sample, the expected ``|z|^2``. (Song et al. size
+    the step with the drawn ``|z|`` itself; on one sample that ties the step to its own noise and widens the
+    stationary law by a factor ``(D + 2) / D`` in variance: 12 % for D = 16, nothing to see for an image. Through
+    ``|s|`` the step still depends on the sample, which widens the law a little where D is small: with the exact
+    velocity of Gaussian data, 20 steps at t = 0.4 left a standard deviation 3.6 % too wide for D = 16 and 0.3 %
+    for D = 768, a 16x16x3 image.)"""
+    tt = torch.full((len(x),), t, device=x.device)
+    size = x[0].numel() ** 0.5
+    for _ in range(steps):
+        score = -(x + (1 - t) * velocity(x, tt)) / t
+        z = noise(x.shape[1:])
+        ratio = size / score.flatten(1).norm(dim=1).clamp_min(1e-12)
+        d = (2 * (snr * ratio) ** 2).reshape(-1, *([1] * (x.dim() - 1))).to(x.dtype)
+        x = x + d * score + (2 * d).sqrt() * z
+    return x
+
+
 def sample_flow(velocity, x: torch.Tensor, *, sampler: str = "euler", steps: int = 50, noise=None,
                 callback=None, tick=None) -> torch.Tensor:
     """Integrate from the noise ``x`` (t = 1) to a sample (t = 0) with ``sampler`` in ``steps`` intervals.
@@ -168,6 +206,10 @@ def sample_flow(velocity, x: torch.Tensor, *, sampler: str = "euler", steps: int
         x0 = x - t * v
         if sampler == "euler" or (sampler == "heun" and k == n - 1):
             x = x - h * v
+        elif sampler == "euler-langevin":
+            x = x - h * v
+            if k < n - 1 and LANGEVIN_WINDOW[0] <= s <= LANGEVIN_WINDOW[1]:
+                x = langevin_correct(velocity, x, s, noise)
         elif sampler == "heun":
             x_pred = x - h * v
             v2 = velocity(x_pred, torch.full((len(x),), s, device=x.device))

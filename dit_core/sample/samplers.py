@@ -366,7 +366,8 @@ def generate(
     - ``labels``: class indices (a list or tensor); for an unconditional model, a number of samples.
     - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``), or
       the :class:`~dit_core.diffusion.flow.LinearInterpolant` of a flow model (then ``sampler`` is ``"euler"``
-      (= ``"ddim"``, default 50 steps), ``"heun"`` (25) or ``"euler-maruyama"`` (250); see
+      (= ``"ddim"``, default 50 steps), ``"heun"`` (25), ``"euler-maruyama"`` (250) or ``"euler-langevin"``
+      (50, with corrector steps: :mod:`dit_core.diffusion.flow`); see
       :func:`dit_core.diffusion.create_process`).
     - ``sampler``/``steps``: ``"ddpm"`` (default all steps; the paper uses 250), ``"ddim"`` (default 50,
       ``eta`` 0 deterministic) or ``"dpm-solver++"`` (default 25).
@@ -440,7 +441,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, ste
         clip_denoised = vae is None
     if steps is None:
         steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25,
-                 "euler": 50, "heun": 25, "euler-maruyama": 250}[sampler]
+                 "euler": 50, "heun": 25, "euler-maruyama": 250, "euler-langevin": 50}[sampler]
     if sampler == "ddpm":
         spaced = respaced(diffusion, steps)
     elif sampler == "ddim":

@@ -152,9 +152,10 @@ class TrainConfig:
     sample_classes: list | None = _f(None, "classes shown in the sample grids (default: up to 10)")
     sample_per_class: int = _f(4, "samples per class in the grids")
     sample_steps: int = _f(50, "sampler steps for the grids")
-    sample_sampler: Literal["ddim", "ddpm", "dpm-solver++", "euler", "heun", "euler-maruyama"] = _f(
-        "ddim", "sampler for the grids: ddim, ddpm or dpm-solver++; with objective flow: euler (= ddim), heun or "
-                "euler-maruyama")
+    sample_sampler: Literal["ddim", "ddpm", "dpm-solver++", "euler", "heun", "euler-maruyama",
+                            "euler-langevin"] = _f(
+        "ddim", "sampler for the grids: ddim, ddpm or dpm-solver++; with objective flow: euler (= ddim), heun, "
+                "euler-maruyama or euler-langevin")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
     sample_cfg_schedule: Literal["constant", "linear"] = _f(
         "constant", "guidance along the path: constant (the paper) or linear (from 1 at pure noise to "
@@ -376,11 +377,11 @@ def _objective_problems(cfg: TrainConfig) -> list[str]:
                         "--learn-sigma false, or drop flow_prediction")
     if cfg.objective == "flow" and cfg.learn_sigma:
         problems.append("objective flow predicts a velocity and learns no variance: add --learn-sigma false")
-    flow_samplers = ("euler", "heun", "euler-maruyama", "ddim")
+    flow_samplers = ("euler", "heun", "euler-maruyama", "euler-langevin", "ddim")
     if cfg.objective == "flow" and cfg.sample_sampler not in flow_samplers:
         problems.append(f"sample_sampler {cfg.sample_sampler} samples DDPM models; objective flow samples with "
-                        "euler (= ddim), heun or euler-maruyama")
-    if cfg.objective == "ddpm" and cfg.sample_sampler in ("euler", "heun", "euler-maruyama"):
+                        "euler (= ddim), heun, euler-maruyama or euler-langevin")
+    if cfg.objective == "ddpm" and cfg.sample_sampler in ("euler", "heun", "euler-maruyama", "euler-langevin"):
         problems.append(f"sample_sampler {cfg.sample_sampler} samples objective flow; use ddim, ddpm or dpm-solver++")
     if cfg.logit_std <= 0 or cfg.min_snr_gamma <= 0:
         problems.append(f"logit_std ({cfg.logit_std}) and min_snr_gamma ({cfg.min_snr_gamma}) must be > 0")
