@@ -100,6 +100,7 @@ def _settings(args, info, model) -> dict:
     """The sampling settings, from the flags, --official, and what the checkpoint says; with a note on where
     they come from when that is not obvious (an official checkpoint, a model without null class)."""
     from dit_core.sample import has_null_class
+    from dit_core.sample.samplers import DEFAULT_STEPS
 
     base = dict(info)
     notes = []
@@ -118,7 +119,7 @@ def _settings(args, info, model) -> dict:
     s = {}
     s["sampler"] = args.sampler or base.get("sampler") or "ddpm"
     s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
-        {"ddpm": 250, "ddim": 50, "euler": 50, "euler-maruyama": 250, "euler-langevin": 50}.get(s["sampler"], 25)
+        (250 if s["sampler"] == "ddpm" else DEFAULT_STEPS.get(s["sampler"], 25))  # ddpm: the paper's 250
     s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
     s["cfg_schedule"] = args.cfg_schedule or base.get("cfg_schedule") or "constant"
     s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \

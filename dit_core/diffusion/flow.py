@@ -204,11 +204,9 @@ def sample_flow(velocity, x: torch.Tensor, *, sampler: str = "euler", steps: int
         tt = torch.full((len(x),), t, device=x.device)
         v = velocity(x, tt)
         x0 = x - t * v
-        if sampler == "euler" or (sampler == "heun" and k == n - 1):
+        if sampler in ("euler", "euler-langevin") or (sampler == "heun" and k == n - 1):
             x = x - h * v
-        elif sampler == "euler-langevin":
-            x = x - h * v
-            if k < n - 1 and LANGEVIN_WINDOW[0] <= s <= LANGEVIN_WINDOW[1]:
+            if sampler == "euler-langevin" and k < n - 1 and LANGEVIN_WINDOW[0] <= s <= LANGEVIN_WINDOW[1]:
                 x = langevin_correct(velocity, x, s, noise)
         elif sampler == "heun":
             x_pred = x - h * v

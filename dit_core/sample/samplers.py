@@ -163,6 +163,11 @@ def _guided(model, cfg_scale: float, guidance_channels: int | None, schedule: st
     return model_fn
 
 
+#: Each sampler's number of steps when none is given (``ddpm``: all of the diffusion's).
+DEFAULT_STEPS = {"ddpm": None, "ddim": 50, "dpm-solver++": 25,
+                 "euler": 50, "heun": 25, "euler-maruyama": 250, "euler-langevin": 50}
+
+
 def _noise(gens, shape, device) -> torch.Tensor:
     """One standard normal draw of ``shape`` from each per-sample generator (on the CPU, then moved). To a GPU the
     draw goes through pinned memory: a copy from pageable memory makes the host wait until the GPU has finished
@@ -440,8 +445,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, ste
     if clip_denoised is None:
         clip_denoised = vae is None
     if steps is None:
-        steps = {"ddpm": None, "ddim": 50, "dpm-solver++": 25,
-                 "euler": 50, "heun": 25, "euler-maruyama": 250, "euler-langevin": 50}[sampler]
+        steps = DEFAULT_STEPS[sampler]
     if sampler == "ddpm":
         spaced = respaced(diffusion, steps)
     elif sampler == "ddim":
