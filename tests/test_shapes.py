@@ -74,7 +74,7 @@ def test_bad_arguments(tmp_path):
 
 
 def test_real_shapes_match_the_files_as_the_trainer_reads_them(folder):
-    x, y = real_shapes(DEFAULT_CLASSES, per_class=40, seed=0, image_size=32)
+    x, y = real_shapes(DEFAULT_CLASSES, per_class=40, seed=0, image_size=32, rotation="upright")
     ds = ImageFolderDataset(folder, 32, flip=False)
     files = torch.stack([ds[i][0] for i in range(len(ds))])
     assert torch.equal(x, files) and y.tolist() == ds.targets
@@ -212,6 +212,8 @@ def test_dit_data_shapes_command(tmp_path, capsys):
     from PIL import Image
 
     assert {Image.open(p).mode for p in (tmp_path / "grey").rglob("*_*.*")} == {"L"}
+    assert dit_data(["shapes", str(tmp_path / "turned"), "--per-class", "2", "--rotation", "any"]) == 0
+    assert json.loads((tmp_path / "turned" / MANIFEST).read_text())["rotation"] == "any"
 
 
 def test_grids_of_the_trainer_and_of_dit_sample_name_the_folders_classes(tmp_path, monkeypatch):
@@ -238,3 +240,46 @@ def test_grids_of_the_trainer_and_of_dit_sample_name_the_folders_classes(tmp_pat
     assert dit_sample(["--ckpt", str(run), "--per-class", "2", "--steps", "2", "--grid", str(tmp_path / "g.png"),
                        "--no-progress"]) == 0
     assert drawn[-1] == ["circle", "circle", "star", "star"] and (tmp_path / "g.png").is_file()
+
+
+def _fill_of_bounding_box(img) -> float:
+    """The share of the shape's bounding box that the shape covers: 1 for an axis-aligned square."""
+    a = np.asarray(img.convert("L"), dtype=np.float32)
+    fg = np.abs(a - np.median(np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]]))) > 30
+    rows, cols = np.flatnonzero(fg.any(1)), np.flatnonzero(fg.any(0))
+    return float(fg[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].mean())
+
+
+def test_upright_shapes_are_the_same_images_unturned(tmp_path):
+    for i in range(6):
+        turned, p_any = render_shape("square", 0, i)
+        upright, p_up = render_shape("square", 0, i, rotation="upright")
+        assert {k: v for k, v in p_any.items() if k != "angle"} == {k: v for k, v in p_up.items() if k != "angle"}
+        assert _fill_of_bounding_box(upright) > 0.85
+    # turned squares fill their bounding box less (a square at 45 degrees fills half of it)
+    assert np.mean([_fill_of_bounding_box(render_shape("square", 0, i)[0]) for i in range(12)]) < 0.8
+    tri = np.asarray(render_shape("triangle", 0, 0, mode="L", rotation="upright")[0], dtype=np.float32)
+    rows = np.flatnonzero((np.abs(tri - tri[0, 0]) > 30).sum(1))
+    widths = (np.abs(tri - tri[0, 0]) > 30).sum(1)[rows]
+    assert widths[0] < widths[-1]  # a point at the top, the flat side at the bottom
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        render_shape("square", 0, 0, rotation="sideways")
+    up = generate_shapes(tmp_path / "up", per_class=2)
+    assert json.loads((up / MANIFEST).read_text())["rotation"] == "upright"  # the default
+    with pytest.raises(FileExistsError, match="rotation: 'upright', not 'any'"):
+        generate_shapes(up, per_class=2, rotation="any")  # the same folder at any angle is another dataset
+    x, _ = real_shapes(DEFAULT_CLASSES, per_class=2, seed=0, image_size=16, rotation="upright")
+    files = torch.stack([ImageFolderDataset(up, 16, flip=False)[i][0] for i in range(6)])
+    assert torch.equal(x, files)
+
+
+def test_folders_written_before_the_rotation_option_still_match(tmp_path):
+    out = generate_shapes(tmp_path / "old", per_class=2, rotation="any")
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["rotation"] == "any"
+    del manifest["rotation"]  # as written before the option: shapes at any angle
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    mtime = (out / MANIFEST).stat().st_mtime_ns
+    assert generate_shapes(out, per_class=2, rotation="any") == out and (out / MANIFEST).stat().st_mtime_ns == mtime
+    with pytest.raises(FileExistsError, match="rotation: 'any', not 'upright'.*--overwrite"):
+        generate_shapes(out, per_class=2)  # today's default: the error names what differs and the fix

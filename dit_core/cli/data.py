@@ -2,7 +2,7 @@
 
     dit-data check ROOT [--image-size 256] [--mode RGB|L] [--split train] [--quick] [--workers N] [--json]
     dit-data digits OUT [--image-size 8] [--val-fraction 0.2] [--seed 0] [--overwrite]
-    dit-data shapes OUT [--per-class 300] [--classes circle,square,triangle] [--seed 0] [--grayscale]
+    dit-data shapes OUT [--per-class 300] [--classes circle,square,triangle] [--seed 0] [--grayscale] [--rotation upright|any]
     dit-data imagenette OUT [--archive imagenette2-320.tgz] [--cache DIR] [--no-download]
 
 ``dit-data shapes`` writes a folder of coloured shapes (one sub-folder per shape, files of varied size and format;

@@ -3,9 +3,12 @@
 The chapters end with readers training on their own pictures. To measure that path without anybody's
 photos, :func:`generate_shapes` writes a folder that looks like one a reader might collect: a few hundred
 images per class (``circle/``, ``square/``, ``triangle/``, optionally ``star/`` and ``cross/``), each a
-shape of varied size, position, rotation and colour on a plain or gradient background, saved at varied
-pixel sizes and in varied file formats (mostly PNG and JPEG, a few WebP and BMP), so the loader's decoding,
-resizing and center crop are all exercised.
+shape of varied size, position and colour on a plain or gradient background, saved at varied pixel sizes
+and in varied file formats (mostly PNG and JPEG, a few WebP and BMP), so the loader's decoding, resizing
+and center crop are all exercised. The shapes stand upright by default, as the things in most photographs
+do (squares axis-aligned, triangles point up); ``rotation="any"`` turns each one by a random angle, a harder
+folder: at 16 px a turned square of 5-10 pixels is hard to draw with straight edges and sharp corners (the
+``small-images`` profile's YAML file has the figures of both).
 
 Every image is a pure function of ``(seed, shape, index)``: the random numbers of image ``i`` of class
 ``star`` come from a generator seeded by those three numbers alone (the shape's position in :data:`SHAPES`,
@@ -43,6 +46,12 @@ DEFAULT_CLASSES = ("circle", "square", "triangle")
 FORMATS = (("png", 0.45), ("jpg", 0.40), ("webp", 0.08), ("bmp", 0.07))
 #: Pixel sides of the saved files (the trainer resizes them to its ``image_size``).
 FILE_SIZES = (48, 64, 96)
+#: How the shapes are turned: "any" angle (the default), or "upright" (squares and crosses axis-aligned,
+#: triangles and stars with a point straight up). Upright images draw the same random numbers as turned ones
+#: and only ignore the angle, so the two folders of one seed hold the same sizes, places, colours and files.
+ROTATIONS = ("any", "upright")
+#: The angle (radians, image axes: y grows downwards) that makes each polygon upright.
+UPRIGHT = {"circle": 0.0, "square": math.pi / 4, "triangle": -math.pi / 2, "star": -math.pi / 2, "cross": 0.0}
 MANIFEST = "shapes.json"
 FORMAT_VERSION = 1
 # Shapes are drawn this many times larger and reduced with a box filter: smooth (anti-aliased) edges.
@@ -104,22 +113,27 @@ def _outline(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
     raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
 
 
-def render_shape(shape: str, seed: int, index: int, mode: str = "RGB") -> tuple[Image.Image, dict]:
+def render_shape(shape: str, seed: int, index: int, mode: str = "RGB",
+                 rotation: str = "any") -> tuple[Image.Image, dict]:
     """Draw image ``index`` of ``shape``; returns the PIL image and its parameters (size, format, ...).
 
     Random per image: the file's pixel side (:data:`FILE_SIZES`), the shape's size (radius 18-36 % of the
-    side), its centre (anywhere that keeps it inside the image), rotation, colours, a gradient background in
-    3 of 10 images, the file format (:data:`FORMATS`) and its quality.
+    side), its centre (anywhere that keeps it inside the image), rotation (unless ``rotation="upright"``,
+    :data:`ROTATIONS`), colours, a gradient background in 3 of 10 images, the file format (:data:`FORMATS`)
+    and its quality.
     """
     if mode not in ("RGB", "L"):
         raise ValueError(f"mode must be 'RGB' or 'L', got {mode!r}")
+    _check_rotation(rotation)
     rng = _rng(seed, shape, index)
     side = int(rng.choice(FILE_SIZES, p=(0.25, 0.5, 0.25)))
     big = side * SUPERSAMPLE
     r = rng.uniform(0.18, 0.36) * big
     margin = r * 1.05 + 0.04 * big
     cx, cy = rng.uniform(margin, big - margin, 2)
-    angle = rng.uniform(0, 2 * math.pi)
+    angle = rng.uniform(0, 2 * math.pi)  # drawn either way: the random numbers after it stay the same
+    if rotation == "upright":
+        angle = UPRIGHT[shape]
     fg, bg, bg2 = _colours(rng)
     names, weights = zip(*FORMATS)
     fmt = str(rng.choice(names, p=weights))
@@ -177,6 +191,12 @@ def _check_classes(classes) -> tuple[str, ...]:
     return classes
 
 
+def _check_rotation(rotation: str) -> str:
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {', '.join(ROTATIONS)}, got {rotation!r}")
+    return rotation
+
+
 def generate_shapes(
     out_dir: str | os.PathLike,
     per_class: int = 300,
@@ -184,11 +204,13 @@ def generate_shapes(
     seed: int = 0,
     mode: str = "RGB",
     overwrite: bool = False,
+    rotation: str = "upright",
 ) -> Path:
     """Write ``per_class`` images of each shape in ``classes`` to ``out_dir/<shape>/<shape>_<i>.<ext>``.
 
     - deterministic: the same arguments give the same bytes (see the module docstring);
     - ``mode``: "RGB" (coloured) or "L" (grey files, for a grayscale model);
+    - ``rotation``: "upright" shapes or turned at "any" angle (:data:`ROTATIONS`: the same images otherwise);
     - idempotent and atomic like :func:`dit_core.data.export_digits`: an existing folder made with the same
       parameters is returned as it is; other parameters raise unless ``overwrite=True``; files are written to
       a temporary folder that is renamed into place;
@@ -200,13 +222,15 @@ def generate_shapes(
     if per_class < 1:
         raise ValueError(f"per_class must be at least 1, got {per_class}")
     out_dir = Path(out_dir).absolute()
-    params = {"per_class": int(per_class), "classes": list(classes), "seed": int(seed), "mode": mode}
+    params = {"per_class": int(per_class), "classes": list(classes), "seed": int(seed), "mode": mode,
+              "rotation": _check_rotation(rotation)}
     if _matches(out_dir, params):
         return out_dir
     if out_dir.exists() and any(out_dir.iterdir()):
         if not (overwrite and (out_dir / MANIFEST).is_file()):
-            hint = ("it was generated with other parameters; pass overwrite=True (--overwrite) to replace it"
-                    if (out_dir / MANIFEST).is_file() else "it holds other files; choose an empty or new folder")
+            hint = (f"it was generated with other parameters ({_differences(out_dir, params)}); pass overwrite=True "
+                    "(--overwrite) to replace it" if (out_dir / MANIFEST).is_file()
+                    else "it holds other files; choose an empty or new folder")
             raise FileExistsError(f"cannot write the shapes to {str(out_dir)!r}: {hint}")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -218,7 +242,7 @@ def generate_shapes(
             folder = tmp / shape
             folder.mkdir()
             for i in range(per_class):
-                img, p = render_shape(shape, seed, i, mode)
+                img, p = render_shape(shape, seed, i, mode, rotation)
                 (folder / f"{shape}_{i:04d}.{p['format']}").write_bytes(encode(img, p["format"], p["quality"]))
                 formats[p["format"]] = formats.get(p["format"], 0) + 1
                 sides[str(p["side"])] = sides.get(str(p["side"]), 0) + 1
@@ -240,13 +264,15 @@ def generate_shapes(
 
 
 def real_shapes(classes=DEFAULT_CLASSES, per_class: int = 100, seed: int = 1, image_size: int = 32,
-                mode: str = "RGB", start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                mode: str = "RGB", start: int = 0, rotation: str = "any") -> tuple[torch.Tensor, torch.Tensor]:
     """Images ``start .. start + per_class - 1`` of each class, rendered in memory and prepared exactly as the
     trainer prepares the files: encoded in their format, decoded, ADM-center-cropped to ``image_size``.
 
     Returns ``(images, labels)``: float32 ``(N, C, image_size, image_size)`` in [-1, 1] and int64 labels, the
     index of each shape in ``classes`` (pass the classes in the trainer's order: sorted folder names).
-    Use a ``seed`` other than the training folder's to get images the model has never seen.
+    Use a ``seed`` other than the training folder's to get images the model has never seen. ``rotation``: "any"
+    by default (the judge of :mod:`dit_core.eval.shapes` learns from shapes at every angle, upright ones
+    included), "upright" for the images of a folder written with :func:`generate_shapes`' default.
     """
     from .images import resize_to, to_tensor
 
@@ -254,7 +280,7 @@ def real_shapes(classes=DEFAULT_CLASSES, per_class: int = 100, seed: int = 1, im
     xs, ys = [], []
     for label, shape in enumerate(classes):
         for i in range(start, start + per_class):
-            img, p = render_shape(shape, seed, i, mode)
+            img, p = render_shape(shape, seed, i, mode, rotation)
             decoded = _decode(encode(img, p["format"], p["quality"]), mode)
             xs.append(to_tensor(resize_to(decoded, image_size, "adm")))
             ys.append(label)
@@ -273,7 +299,20 @@ def _matches(out_dir: Path, params: dict) -> bool:
         manifest = json.loads((out_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
+    # Folders written before the rotation option existed hold shapes at any angle.
+    manifest.setdefault("rotation", "any")
     return manifest.get("format_version") == FORMAT_VERSION and all(manifest.get(k) == v for k, v in params.items())
+
+
+def _differences(out_dir: Path, params: dict) -> str:
+    """What differs between the folder's manifest and ``params``, as "key: theirs, not ours" pieces."""
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "its shapes.json is unreadable"
+    manifest.setdefault("rotation", "any")
+    diffs = [f"{k}: {manifest.get(k)!r}, not {v!r}" for k, v in params.items() if manifest.get(k) != v]
+    return "; ".join(diffs) or f"format version {manifest.get('format_version')}, not {FORMAT_VERSION}"
 
 
 def _move_into_place(tmp: Path, out_dir: Path, params: dict) -> None:
@@ -316,6 +355,8 @@ def add_arguments(p) -> None:
                    help=f"comma-separated shapes from {', '.join(SHAPES)} (default: {','.join(DEFAULT_CLASSES)})")
     p.add_argument("--seed", type=int, default=0, help="seed of every image (default 0)")
     p.add_argument("--grayscale", action="store_true", help="grey files instead of coloured ones")
+    p.add_argument("--rotation", choices=ROTATIONS, default="upright",
+                   help="upright shapes (default: axis-aligned squares, triangles point up) or turned at any angle")
     p.add_argument("--overwrite", action="store_true", help="replace a folder generated with other settings")
 
 
@@ -325,7 +366,8 @@ def run(args) -> int:
     try:
         out = generate_shapes(args.out, per_class=args.per_class, classes=[c.strip() for c in args.classes.split(",")
                                                                            if c.strip()],
-                              seed=args.seed, mode="L" if args.grayscale else "RGB", overwrite=args.overwrite)
+                              seed=args.seed, mode="L" if args.grayscale else "RGB", overwrite=args.overwrite,
+                              rotation=args.rotation)
     except (FileExistsError, ValueError) as err:
         print(f"dit-data shapes: {err}", file=sys.stderr)
         return 2

@@ -90,12 +90,13 @@ def config_overrides(method: str, max_steps: int) -> dict:
 
 def prepare_data(dataset: str, work: Path) -> str:
     """The ``data_path`` of a dataset: "digits" (the trainer exports them), or the shapes folder, generated
-    once into ``work/data/shapes`` (``python -m dit_core.data.shapes``)."""
+    once into ``work/data/shapes`` (``python -m dit_core.data.shapes``). The shapes are turned at any angle, as
+    when the committed records were measured (``dit-data shapes`` now writes upright ones by default)."""
     if DATASETS[dataset]["data"] == "digits":
         return "digits"
     from ..data.shapes import generate_shapes
 
-    return str(generate_shapes(work / "data" / "shapes"))
+    return str(generate_shapes(work / "data" / "shapes", rotation="any"))
 
 
 def judge_for(dataset: str, class_names, image_size: int, channels: int):
