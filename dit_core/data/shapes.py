@@ -46,8 +46,8 @@ DEFAULT_CLASSES = ("circle", "square", "triangle")
 FORMATS = (("png", 0.45), ("jpg", 0.40), ("webp", 0.08), ("bmp", 0.07))
 #: Pixel sides of the saved files (the trainer resizes them to its ``image_size``).
 FILE_SIZES = (48, 64, 96)
-#: How the shapes are turned: "any" angle (the default), or "upright" (squares and crosses axis-aligned,
-#: triangles and stars with a point straight up). Upright images draw the same random numbers as turned ones
+#: How the shapes are turned: "upright" (squares and crosses axis-aligned, triangles and stars with a point
+#: straight up; the default of a folder) or "any" angle (the default of the judge's in-memory images). Upright images draw the same random numbers as turned ones
 #: and only ignore the angle, so the two folders of one seed hold the same sizes, places, colours and files.
 ROTATIONS = ("any", "upright")
 #: The angle (radians, image axes: y grows downwards) that makes each polygon upright.
@@ -294,23 +294,27 @@ def _decode(data: bytes, mode: str) -> Image.Image:
         return img.convert(mode) if img.mode != mode else img.copy()
 
 
-def _matches(out_dir: Path, params: dict) -> bool:
+def _read_manifest(out_dir: Path) -> dict | None:
+    """The folder's ``shapes.json`` (None when missing or unreadable)."""
     try:
         manifest = json.loads((out_dir / MANIFEST).read_text())
     except (OSError, ValueError):
-        return False
-    # Folders written before the rotation option existed hold shapes at any angle.
-    manifest.setdefault("rotation", "any")
-    return manifest.get("format_version") == FORMAT_VERSION and all(manifest.get(k) == v for k, v in params.items())
+        return None
+    manifest.setdefault("rotation", "any")  # folders written before the option hold shapes at any angle
+    return manifest
+
+
+def _matches(out_dir: Path, params: dict) -> bool:
+    manifest = _read_manifest(out_dir)
+    return (manifest is not None and manifest.get("format_version") == FORMAT_VERSION
+            and all(manifest.get(k) == v for k, v in params.items()))
 
 
 def _differences(out_dir: Path, params: dict) -> str:
     """What differs between the folder's manifest and ``params``, as "key: theirs, not ours" pieces."""
-    try:
-        manifest = json.loads((out_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
+    manifest = _read_manifest(out_dir)
+    if manifest is None:
         return "its shapes.json is unreadable"
-    manifest.setdefault("rotation", "any")
     diffs = [f"{k}: {manifest.get(k)!r}, not {v!r}" for k, v in params.items() if manifest.get(k) != v]
     return "; ".join(diffs) or f"format version {manifest.get('format_version')}, not {FORMAT_VERSION}"
 
