@@ -69,9 +69,9 @@ def test_related_records_are_named_and_must_exist(tmp_path):
 
 
 def test_the_repositorys_records_named_by_the_chapters_exist():
-    box = gpu_only("07_sampling", "sampling speed", related=["nvidia-h200-dit-xl2.md"])
-    assert "nvidia-h200-dit-xl2.md" in repr(box)
-    assert (RESULTS / "nvidia-h200-dit-xl2.md").is_file()
+    box = gpu_only("07_sampling", "sampling speed", related=["gpu-ladder-h200.md"])
+    assert "gpu-ladder-h200.md" in repr(box)
+    assert (RESULTS / "gpu-ladder-h200.md").is_file()
 
 
 @pytest.mark.parametrize("stem", ["07_sampling.ipynb", "book/07_sampling", "", 7])
