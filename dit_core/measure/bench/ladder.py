@@ -38,11 +38,14 @@ from .report import row_summary
 from .rungs import (
     RUNGS,
     BenchSpec,
+    LadderPlan,
     Rung,
     as_rung,
     default_rungs,
     model_shape,
+    plan_ladder,
     resolve_spec,
+    rung_setup,
     step_options,
     train_gflop_per_image,
 )
@@ -114,13 +117,11 @@ def make_step(spec: BenchSpec, rung: Rung, device: torch.device, vae=None):
 
 
 def planned_setup(step, spec: BenchSpec, rung: Rung) -> memory.TrainSetup:
-    """The planner's description of a rung's step."""
-    precision = step.options.precision
-    return memory.TrainSetup(
-        micro_batch=spec.batch_size, grad_accum=spec.grad_accum, checkpointed=len(step.model.checkpointed_blocks),
-        precision=precision, attn="sdpa" if rung.fused_attention else "math", optimizer="adamw", ema="device",
-        vae_in_loop=step.vae is not None, vae_precision=precision,
-    )
+    """The planner's description of a rung's step as built: its precision, its checkpointed blocks, the VAE it
+    encodes with (if any) and the device type."""
+    vae = memory.VaeShape.from_model(step.vae, "in the loop") if step.vae is not None else None
+    setup = rung_setup(spec, rung, step.device.type, step.options.precision, vae)
+    return replace(setup, checkpointed=len(step.model.checkpointed_blocks))
 
 
 def _tensors_alive(step, batch: list) -> list:
@@ -199,9 +200,7 @@ def measure_rung(spec: BenchSpec, rung: "str | Rung") -> dict:
                     step(warmup + spec.steps, batches)
                 tracker.close()
                 row["tensor_peak_bytes"] = tracker.peak
-        setup = planned_setup(step, spec, rung)
-        if step.options.zero_grad == "before_backward":  # last step's gradients are alive during the forward pass
-            setup = replace(setup, grad_accum=max(2, setup.grad_accum))
+        setup = planned_setup(step, spec, rung)  # the official step's zero_grad before backward: counted in it
         est = memory.estimate(shape, setup)
         row["planned_peak_bytes"] = est.peak
         row["planned"] = est.components()
@@ -303,19 +302,24 @@ def add_ratios(rows: list[dict]) -> None:
                     r[f"speedup_vs_{ref.replace('-', '_')}"] = t_ref / r["step_s_median"]
 
 
-def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = True, sampling: bool = True,
-                  optimizers: bool = False, timeout: float | None = None, progress: bool = True,
-                  activations: bool = True, repeats: int = 1) -> dict:
-    """The ladder (one row per rung), sampling throughput, the planner's activation check and, optionally,
-    optimizer timings.
+def card_memory_gib(spec: BenchSpec, device: torch.device) -> float | None:
+    """The memory the ladder is sized for: the spec's ``memory_limit_gib`` (a smaller card, simulated on a larger
+    GPU by capping the allocator, or on the CPU only for the sizing), else the GPU's memory, else None (a CPU,
+    no card limit)."""
+    if spec.memory_limit_gib:
+        return float(spec.memory_limit_gib)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_properties(index).total_memory / memory.GIB
+    return None
 
-    ``repeats > 1`` runs the ladder that many times, in alternating order (forward, backward, ...), and pools
-    each rung's step times: on a shared machine whose load drifts, every rung then sees the same mix of quiet
-    and busy moments, so the ratios between rungs are fairer.
-    """
+
+def ladder_plan(spec: BenchSpec, rungs: list | None = None, card_gib: "float | str | None" = "auto",
+                min_batch: int = 8) -> LadderPlan:
+    """What the ladder will run on this machine (:func:`~.rungs.plan_ladder`): ``card_gib="auto"`` sizes it for
+    the card found (:func:`card_memory_gib`), a number for a card of that size, None for no limit."""
     spec = resolve_spec(spec)
     device = resolve_device(spec.device)
-    shape = model_shape(spec)
     rungs = rungs or default_rungs(device.type, spec.pixel)
     unknown = [r for r in rungs if not isinstance(r, Rung) and r not in RUNGS]
     if unknown:
@@ -323,8 +327,35 @@ def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = Tr
     rungs = [as_rung(r) for r in rungs]
     if spec.pixel:
         rungs = [r for r in rungs if r.key != "latents"]
+    if card_gib == "auto":
+        card_gib = card_memory_gib(spec, device)
+    return plan_ladder(spec, rungs, card_gib, device.type, min_batch=min_batch)
+
+
+def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = True, sampling: bool = True,
+                  optimizers: bool = False, timeout: float | None = None, progress: bool = True,
+                  activations: bool = True, repeats: int = 1, card_gib: "float | str | None" = "auto",
+                  plan: LadderPlan | None = None) -> dict:
+    """The ladder (one row per rung), sampling throughput, the planner's activation check and, optionally,
+    optimizer timings.
+
+    The ladder is first sized for the card (:func:`ladder_plan`, or the ``plan`` given): the model and batch at
+    which the reference rung fits, and only the rungs the planner fits in the card's budget run; the others are
+    rows with a "skipped" status, and no ratio is taken against a rung that did not run.
+
+    ``repeats > 1`` runs the ladder that many times, in alternating order (forward, backward, ...), and pools
+    each rung's step times: on a shared machine whose load drifts, every rung then sees the same mix of quiet
+    and busy moments, so the ratios between rungs are fairer.
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    plan = plan or ladder_plan(spec, rungs, card_gib)
+    spec = plan.spec
+    device = resolve_device(spec.device)
+    shape = model_shape(spec)
+    by_key = {r.key: r for r in ([as_rung(r) for r in rungs] if rungs else [])}
+    rungs = [by_key.get(row["rung"]) or as_rung(row["rung"]) for row in plan.rows]
+    skipped = {row["rung"]: row for row in plan.skipped()}
     env = environment(device)
     gflop = train_gflop_per_image(shape)
     counts = memory.param_counts(shape)
@@ -332,9 +363,15 @@ def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = Tr
                   model=dict(name=spec.model, shape=asdict(shape), params=counts["total"], tokens=shape.tokens,
                              train_gflop_per_image=gflop),
                   rows=[], repeats=repeats)
+    result["plan"] = plan.as_dict()
     passes: dict[str, list[dict]] = {r.key: [] for r in rungs}
+    for rung in rungs:
+        if rung.key in skipped:
+            row = skipped[rung.key]
+            passes[rung.key].append(dict(rung=rung.key, label=rung.label, batch_size=spec.batch_size,
+                                         status=plan.skip_status(row), planned_peak_bytes=row["planned_peak"]))
     for p in range(repeats):
-        for rung in (rungs if p % 2 == 0 else rungs[::-1]):
+        for rung in [r for r in (rungs if p % 2 == 0 else rungs[::-1]) if r.key not in skipped]:
             if progress:
                 print(f"dit-bench: {rung.key:<12} {rung.label} ...", file=sys.stderr, flush=True)
             row = measure_rung_isolated(spec, rung, timeout) if isolate else measure_rung(spec, rung)

@@ -51,6 +51,9 @@ def format_table(result: dict) -> str:
             lines[0] += f" -> {env['loadavg_1min_after']:.1f}"
     if result.get("vae"):
         lines.append(f"VAE: {result['vae']}")
+    plan = result.get("plan")
+    if plan and plan.get("card_gib") is not None:
+        lines += [n for n in plan["notes"] if not n.startswith("runs ")]
     cores = env["cpu"].get("usable_cores") or 1
     if env["device"] == "cpu" and env.get("loadavg_1min", 0) > 0.75 * cores:
         lines.append(f"note: the machine was busy (load {env['loadavg_1min']:.1f} on {cores} cores): times are longer and "
@@ -65,14 +68,19 @@ def format_table(result: dict) -> str:
             lines.append(f"{r['label']:<44}{r.get('status', '?')}")
             continue
         fmt = lambda v: (f"{v / memory.GIB:.2f}G" if v >= 0.1 * memory.GIB else f"{v / 2**20:.0f}M") if v else "-"  # noqa: E731
+        base = f"{r['speedup_vs_baseline']:.2f}" if r.get("speedup_vs_baseline") is not None else "-"
         line = (f"{r['label']:<44}{r['step_s_median'] * 1e3:>10.1f}{r.get('step_s_min', float('nan')) * 1e3:>10.1f}"
-                f"{r['images_per_s']:>9.2f}{ratio_text(r):>11}{r.get('speedup_vs_baseline', float('nan')):>8.2f}"
+                f"{r['images_per_s']:>9.2f}{ratio_text(r, '-'):>11}{base:>8}"
                 f"{fmt(r.get('peak_bytes')):>12}")
         if gpu:
             line += f"{fmt(r.get('planned_peak_bytes')):>11}{r.get('mfu', float('nan')):>7.1%}"
         else:
             line += f"{fmt(r.get('tensor_peak_bytes')):>11}{fmt(r.get('planned_peak_bytes')):>11}"
         lines.append(line)
+    by_key = {r["rung"]: r for r in result["rows"]}
+    for ref, name in (("official", "x official"), ("baseline", "x base")):
+        if ref in by_key and by_key[ref].get("status") != "ok":
+            lines.append(f"'{name}': no ratio, the {ref} rung did not run ({by_key[ref].get('status')})")
     s = result.get("sampling")
     if s and "images_per_s" in s:
         lines.append(

@@ -58,7 +58,8 @@ import torch
 
 from ...runtime import resolve_precision
 from ...train.step import StepOptions
-from ..memory import ModelShape
+from .. import memory
+from ..memory import ModelShape, TrainSetup, VaeShape
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,155 @@ def train_gflop_per_image(shape: ModelShape) -> float:
     with torch.device("meta"):
         model = DiT(**shape.model_kwargs())
     return 6 * forward_macs(model) / 1e9
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The ladder sized for a card
+# ----------------------------------------------------------------------------------------------------------
+
+
+def rung_setup(spec: BenchSpec, rung: Rung, device_type: str = "cuda", precision: str | None = None,
+               vae: VaeShape | None = None) -> TrainSetup:
+    """The memory planner's description of ``rung``'s step on ``spec`` (before anything is built).
+
+    ``precision``: the autocast dtype of the amp rungs (default: the spec's, bf16 for "auto"; fp16 costs the
+    same memory). The official step zeroes the gradients between forward and backward, so the last step's
+    gradients are alive during the forward pass: counted as accumulation of two micro-batches.
+    """
+    spec = resolve_spec(spec)
+    shape = model_shape(spec)
+    if precision is None:
+        precision = spec.precision if spec.precision in ("bf16", "fp16") else "bf16"
+    ckpt = rung.checkpointing
+    blocks = shape.depth if ckpt is True else 0 if ckpt is False else min(int(ckpt), shape.depth)
+    accum = max(2, spec.grad_accum) if rung.official else spec.grad_accum
+    amp = precision if rung.amp else "fp32"
+    return TrainSetup(micro_batch=spec.batch_size, grad_accum=accum, checkpointed=blocks, precision=amp,
+                      attn="sdpa" if rung.fused_attention else "math", optimizer="adamw", ema="device",
+                      vae_in_loop=not (rung.latents or spec.pixel), vae_precision=amp, vae=vae,
+                      device="cuda" if device_type == "cuda" else "cpu")
+
+
+#: The models the ladder falls back to, largest first, when the card leaves no room for the one asked for.
+SIZE_MODELS = ("DiT-XL/2", "DiT-L/2", "DiT-B/2", "DiT-S/2")
+
+
+@dataclass
+class LadderPlan:
+    """What runs where: the workload sized for a card, and each rung's predicted peak against the card's budget."""
+
+    spec: BenchSpec  # the workload as sized (model and micro-batch)
+    card_gib: float | None  # None: no card limit (the CPU)
+    budget: int | None  # bytes a step may use (memory.card_budget), None without a card limit
+    reference: str  # the rung every speed-up is a ratio to
+    rows: list[dict]  # per rung: rung, label, planned_peak (bytes), fits
+    notes: list[str]
+
+    def to_run(self) -> list[str]:
+        return [r["rung"] for r in self.rows if r["fits"]]
+
+    def skipped(self) -> list[dict]:
+        return [r for r in self.rows if not r["fits"]]
+
+    def skip_status(self, row: dict) -> str:
+        return (f"skipped: needs ~{row['planned_peak'] / memory.GIB:.1f} GiB, the {self.card_gib:g} GiB card "
+                f"allows {self.budget / memory.GIB:.1f} GiB")
+
+    def table(self) -> str:
+        lines = list(self.notes)
+        lines.append(f"{'rung':<44}{'planned peak':>14}  runs?")
+        for r in self.rows:
+            lines.append(f"{r['label']:<44}{r['planned_peak'] / memory.GIB:>12.2f} G  "
+                         + ("yes" if r["fits"] else "no (does not fit)"))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return dict(model=self.spec.model, batch_size=self.spec.batch_size, card_gib=self.card_gib,
+                    budget=self.budget, reference=self.reference, rows=self.rows, notes=self.notes)
+
+
+def _candidate_models(spec: BenchSpec) -> list[str]:
+    """The model asked for, then the smaller named ones (only for a named DiT: a profile or a custom shape
+    keeps its model and only its batch is sized)."""
+    if spec.model in SIZE_MODELS and not spec.pixel:
+        return list(SIZE_MODELS[SIZE_MODELS.index(spec.model):])
+    return [spec.model]
+
+
+def _batches(batch: int) -> list[int]:
+    out = []
+    while batch >= 1:
+        out.append(batch)
+        batch //= 2
+    return out
+
+
+def plan_ladder(spec: BenchSpec, rungs: list, card_gib: float | None, device_type: str = "cuda",
+                min_batch: int = 8, margin: float = 0.10, reserved_gib: float = 0.75,
+                vae: VaeShape | None = None) -> LadderPlan:
+    """Size the ladder for a card of ``card_gib`` GiB: the model and micro-batch, and which rungs fit.
+
+    The reference (the official step when it is in ``rungs``, else the first rung) must run, since every ratio
+    is taken against it: the workload keeps the model asked for and the largest micro-batch (halving from the
+    spec's) at which the planner fits the reference in the card's budget (:func:`memory.card_budget`), as long
+    as that batch is at least ``min_batch``; otherwise the next smaller model of :data:`SIZE_MODELS` is tried;
+    when no model fits at ``min_batch``, the largest model that fits at any batch. Each rung is then predicted
+    at that size and runs only if it fits. ``card_gib=None`` (a CPU): nothing is sized and every rung runs.
+    """
+    spec = resolve_spec(spec)
+    rungs = [as_rung(r) for r in rungs]
+    if not rungs:
+        raise ValueError("plan_ladder needs at least one rung")
+    keys = [r.key for r in rungs]
+    reference = "official" if "official" in keys else keys[0]
+    ref_rung = rungs[keys.index(reference)]
+
+    def peak(s: BenchSpec, rung: Rung) -> int:
+        return memory.estimate(model_shape(s), rung_setup(s, rung, device_type, vae=vae)).peak
+
+    notes = []
+    budget = None
+    if card_gib is None:
+        notes.append(f"no card limit ({device_type}): every rung runs, {spec.model} at batch {spec.batch_size}")
+    else:
+        budget = memory.card_budget(card_gib, margin, reserved_gib)
+        asked = (spec.model, spec.batch_size)
+        sized = None
+        for floor in (min(min_batch, spec.batch_size), 1):
+            for name in _candidate_models(spec):
+                s = spec if name == spec.model else resolve_spec(replace(spec, model=name, shape={}))
+                for b in _batches(spec.batch_size):
+                    if b < floor:
+                        break
+                    trial = replace(s, batch_size=b)
+                    if peak(trial, ref_rung) <= budget:
+                        sized = trial
+                        break
+                if sized:
+                    break
+            if sized:
+                break
+        head = f"card: {card_gib:g} GiB, budget {budget / memory.GIB:.2f} GiB for a step ({margin:.0%} margin, " \
+               f"{reserved_gib:g} GiB for the CUDA context)"
+        notes.append(head)
+        if sized is None:
+            notes.append(f"the reference ({ref_rung.label}) does not fit even at batch 1 of "
+                         f"{_candidate_models(spec)[-1]}: no ratio to it can be measured on this card")
+        else:
+            spec = sized
+            if (spec.model, spec.batch_size) != asked:
+                notes.append(f"sized: {spec.model} at batch {spec.batch_size} (asked for {asked[0]} at batch {asked[1]}),"
+                             f" the largest at which the reference, {ref_rung.label}, fits")
+            else:
+                notes.append(f"{spec.model} at batch {spec.batch_size}: the reference fits as asked")
+    rows = []
+    for rung in rungs:
+        p = peak(spec, rung)
+        rows.append(dict(rung=rung.key, label=rung.label, planned_peak=p, fits=budget is None or p <= budget))
+    plan = LadderPlan(spec, card_gib, budget, reference, rows, notes)
+    if budget is not None:
+        skipped = [r["rung"] for r in plan.skipped()]
+        notes.append(f"runs {len(rows) - len(skipped)} of {len(rows)} rungs"
+                     + (f"; skipped (predicted not to fit): {', '.join(skipped)}" if skipped else ""))
+    return plan
+

@@ -311,14 +311,107 @@ def activation_bytes(shape: ModelShape, precision: str = "fp32", attn: str = "sd
 # A whole training step
 # ----------------------------------------------------------------------------------------------------------
 
-#: The VAE encoder in the training loop (no gradient): its fp32 weights (the whole AutoencoderKL is loaded,
-#: 83.65 M parameters for sd-vae-ft-ema) and its transient peak per image: five 128-channel maps at full
-#: resolution in the encoder's compute dtype (the first down block's ResNet holds its input, the GroupNorm
-#: and SiLU outputs, the convolution's output and the residual sum). Measured with
-#: :class:`TensorMemoryTracker`: exactly 5.0 maps in fp32 (meta device, 256 and 512 px) and in bf16 autocast
-#: (CPU, 64 px); checked in tests/test_memory.py.
+#: The VAE encoder in the training loop runs without gradient, so autograd saves none of it; what it costs is
+#: its fp32 weights (the whole AutoencoderKL is loaded: 83,653,863 parameters for sd-vae-ft-ema) and the tensors
+#: alive at the worst moment of one encode, which :func:`vae_encode_bytes` derives from the encoder's code.
 VAE_PARAMS = 83_653_863
-VAE_PEAK_MAPS = 5.0
+DEVICE_TYPES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class VaeShape:
+    """The numbers of a diffusers ``AutoencoderKL`` that decide the memory of encoding in the training loop."""
+
+    block_out_channels: tuple[int, ...] = (128, 256, 512, 512)
+    layers_per_block: int = 2
+    params: int = VAE_PARAMS  # the whole AutoencoderKL (encoder and decoder), loaded for the run
+    name: str = "sd-vae-ft-ema"
+
+    def __post_init__(self):
+        channels = tuple(self.block_out_channels)
+        object.__setattr__(self, "block_out_channels", channels)
+        if any(b > 2 * a for a, b in zip(channels, channels[1:])):
+            raise ValueError(f"block_out_channels {channels}: vae_encode_bytes assumes that no encoder stage more "
+                             "than doubles the channels (then the first, full-resolution stage holds the peak)")
+        if self.layers_per_block < 1:
+            raise ValueError(f"layers_per_block must be >= 1, got {self.layers_per_block}")
+
+    @property
+    def downsample(self) -> int:
+        """Pixels per latent cell along one side (8 for SD's VAE)."""
+        return 2 ** (len(self.block_out_channels) - 1)
+
+    @classmethod
+    def from_model(cls, vae, name: str = "custom") -> "VaeShape":
+        """The shape of a built ``AutoencoderKL`` (any device)."""
+        cfg = vae.config
+        return cls(tuple(cfg.block_out_channels), int(cfg.layers_per_block),
+                   sum(p.numel() for p in vae.parameters()), name)
+
+
+#: Stable Diffusion's VAE (sd-vae-ft-ema, the paper's), what "VAE in the loop" means unless a setup says otherwise.
+SD_VAE = VaeShape()
+
+
+def _resnet_moments(held: int, x: int, precision: str, device: str) -> tuple[list[int], int]:
+    """Bytes per element alive at each moment of one diffusers ``ResnetBlock2D`` without gradient, and the bytes
+    per element of its output. ``held``: what the callers keep alive (the encoder holds its block's input);
+    ``x``: the bytes per element of the block's input. Under autocast a convolution casts an fp32 input to the
+    compute dtype (a copy) and writes its output in it; CUDA's autocast runs ``group_norm`` in fp32 (a copy of
+    a lower-precision input, an fp32 output), the CPU's in the compute dtype."""
+    cb = _compute_bytes(precision)
+    amp = precision != "fp32"
+    norm_out = 4 if (amp and device == "cuda") else cb
+
+    def norm(inp):  # (moment, output bytes)
+        cast = 4 if (amp and device == "cuda" and inp != 4) else 0
+        return cast + norm_out, norm_out
+
+    def conv(inp):
+        return (cb if inp != cb else 0) + cb
+
+    moments = []
+    base = held + x
+    m, n1 = norm(x)
+    moments.append(base + m)  # norm1
+    moments.append(base + n1 + n1)  # SiLU: its input and output (same dtype)
+    moments.append(base + n1 + conv(n1))  # conv1: SiLU output, its cast, the conv's output
+    m, n2 = norm(cb)
+    moments.append(base + cb + m)  # norm2 while conv1's output is alive
+    moments.append(base + n2 + n2)  # SiLU
+    moments.append(base + n2 + conv(n2))  # conv2
+    out = max(x, cb) if amp else 4  # the residual sum promotes
+    moments.append(base + cb + out + out)  # (input + h) / scale: the sum and the quotient
+    return moments, out
+
+
+def vae_encode_bytes(vae: VaeShape, image_size: int, precision: str = "fp32", device: str = "cuda") -> int:
+    """Bytes alive at the worst moment of encoding one ``image_size`` image with ``vae``, without gradient.
+
+    Derived from diffusers' encoder: ``conv_in`` maps the image to ``C0`` channels at full resolution, and the
+    first down block runs ``layers_per_block`` ResNet blocks on it; the encoder holds the block's input while the
+    block runs, so from the second ResNet on one more full-resolution map is alive. The worst moment is the
+    residual sum ``(input + h) / scale`` (fp32: 5 maps of ``C0 x H x W`` with two ResNets, 4 with one) or, under
+    CUDA autocast, the second GroupNorm, which runs in fp32 (7 bf16-sized maps). Later stages have at most twice
+    the channels on a quarter of the pixels (:class:`VaeShape` checks it), so they never hold more.
+    Equal to what :class:`~.probes.TensorMemoryTracker` follows on the CPU (tests/test_memory.py).
+
+    Not counted: a convolution's workspace. On a GPU, cuDNN picks its algorithms by the workspace it can get
+    (PyTorch falls back to leaner ones when an allocation fails), so with much free memory the encoder takes
+    far more than its tensors (chapter 06 shows the measured figures).
+    """
+    if device not in DEVICE_TYPES:
+        raise ValueError(f"device must be one of {', '.join(DEVICE_TYPES)}, got {device!r}")
+    if image_size % vae.downsample:
+        raise ValueError(f"image_size {image_size} is not a multiple of the VAE's downsampling ({vae.downsample})")
+    cb = _compute_bytes(precision)
+    worst = 0
+    x = cb  # conv_in's output
+    for j in range(vae.layers_per_block):
+        held = cb if j > 0 else 0  # the encoder's reference to conv_in's output (the block's input)
+        moments, x = _resnet_moments(held, x, precision, device)
+        worst = max(worst, *moments)
+    return worst * vae.block_out_channels[0] * image_size * image_size
 
 
 def optimizer_state_bytes(trainable: int, optimizer: str) -> int:
@@ -344,10 +437,14 @@ class TrainSetup:
     ema: str = "device"
     vae_in_loop: bool = False  # encode images every step instead of reading pre-extracted latents
     vae_precision: str = "fp32"
+    vae: VaeShape | None = None  # the VAE in the loop (None: SD's, :data:`SD_VAE`)
+    device: str = "cuda"  # where the step runs: autocast differs between "cuda" and "cpu" (see vae_encode_bytes)
 
     def __post_init__(self):
         _compute_bytes(self.precision)
         _compute_bytes(self.vae_precision)
+        if self.device not in DEVICE_TYPES:
+            raise ValueError(f"device must be one of {', '.join(DEVICE_TYPES)}, got {self.device!r}")
         check_attention(self.attn)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
@@ -459,9 +556,10 @@ def estimate(shape: ModelShape, setup: TrainSetup | None = None, loss: str = "hy
     vae_weights = vae_encode = 0
     batch = 2 * n * shape.input_elements * 4
     if setup.vae_in_loop:
-        image = shape.input_size * 8
-        vae_weights = VAE_PARAMS * 4
-        vae_encode = int(n * VAE_PEAK_MAPS * 128 * image * image * _compute_bytes(setup.vae_precision))
+        vae = setup.vae or SD_VAE
+        image = shape.input_size * vae.downsample
+        vae_weights = vae.params * 4
+        vae_encode = n * vae_encode_bytes(vae, image, setup.vae_precision, setup.device)
         batch += n * 3 * image * image * 4
     return MemoryEstimate(
         shape=shape, setup=setup, params=counts["total"], trainable=counts["trainable"],
