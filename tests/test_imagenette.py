@@ -87,6 +87,26 @@ def test_killed_extraction_leaves_no_dataset_and_resumes_to_the_same_one(archive
     assert prepare_imagenette(out, archive=tmp_path / "gone.tgz") == out  # prepared: nothing is read again
 
 
+def test_members_named_with_a_leading_dot_slash_are_accepted(archive, prepared, tmp_path):
+    """The same archive repacked with ``./`` before every name and a ``./`` folder entry first (what
+    ``tar -C dir -czf x.tgz .`` writes): the same prepared folder."""
+    dotted = tmp_path / "dotted.tgz"
+    with tarfile.open(archive) as src, tarfile.open(dotted, "w:gz") as dst:
+        top = tarfile.TarInfo("./")
+        top.type = tarfile.DIRTYPE
+        dst.addfile(top)
+        for member in src:
+            data = src.extractfile(member).read() if member.isfile() else None
+            member.name = "./" + member.name
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    with tarfile.open(dotted) as tar:
+        assert tar.getnames()[0] == "." and all(n.startswith("./") for n in tar.getnames()[1:])
+    out = prepare_imagenette(tmp_path / "out", archive=dotted, checksum=False, progress=False)
+    assert _tree(out) == _tree(prepared)
+    assert json.loads((out / "imagenette.json").read_text())["counts"] == {"train": 30, "val": 20}
+    assert imagenette._member_target(".//abs/x.JPEG") is None and imagenette._member_target("./../x.JPEG") is None
+
+
 def test_hostile_or_foreign_members_are_not_written(tmp_path):
     path = tmp_path / "evil.tgz"
     with tarfile.open(path, "w:gz") as tar:

@@ -79,11 +79,14 @@ def _staging(out: Path) -> Path:
 def _member_target(name: str) -> tuple[str, ...] | None:
     """Where an archive member goes, relative to the output folder, or None to skip it.
 
-    Accepted: ``<top>/<split>/<wnid>/<image>`` with a known split and wnid, and ``<top>/noisy_imagenette.csv``.
-    Anything else (other folders, absolute paths, ``..``) is skipped, so a hostile archive writes nothing
-    outside the output folder.
+    Accepted: ``<top>/<split>/<wnid>/<image>`` with a known split and wnid, and ``<top>/noisy_imagenette.csv``,
+    each also with a leading ``./`` (as ``tar -C dir -czf archive.tgz .`` writes them). Anything else (other
+    folders, absolute paths, ``..``) is skipped, so a hostile archive writes nothing outside the output folder.
     """
-    parts = name.replace("\\", "/").split("/")
+    name = name.replace("\\", "/")
+    while name.startswith("./"):
+        name = name[2:]
+    parts = name.split("/")
     if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
         return None
     if len(parts) == 2 and parts[1] == NOISY_CSV:
