@@ -242,3 +242,87 @@ def test_sampling_settings_int8_and_pinned_kernel():
     assert s["int8"] and s["attn_kernel"] == "flash" and s["precision"] == "fp32" and s["images_per_s"] > 0
     model = bench.timings.sampling_model(replace(PIXEL, sample_int8=True), DiT(**PIXEL.shape).eval())
     assert type(model.blocks[0].mlp.fc1) is not torch.nn.Linear  # quantized
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The ladder sized for the card: the reference must run, rungs that do not fit are skipped, no ratio to them
+# ----------------------------------------------------------------------------------------------------------
+
+XL_LADDER = bench.default_rungs("cuda", pixel=False) + list(bench.HARDWARE_RUNGS)
+
+
+def _card_for_budget(budget_bytes: float) -> float:
+    """The card (GiB) whose planner budget (10 % margin, 0.75 GiB reserved) is ``budget_bytes``."""
+    return (budget_bytes / memory.GIB + 0.75) / 0.9
+
+
+@pytest.mark.parametrize("card", [12, 16, 24, 40, 80, 141])
+def test_ladder_plan_fits_the_reference_on_every_card(card):
+    asked = BenchSpec(model="DiT-XL/2", image_size=256, batch_size=32)
+    plan = bench.rungs.plan_ladder(asked, XL_LADDER, card, "cuda")
+    rows = {r["rung"]: r for r in plan.rows}
+    assert plan.reference == "official" and rows["official"]["fits"]
+    assert rows["official"]["planned_peak"] <= plan.budget == memory.card_budget(card)
+    # each row is the planner's peak for that rung at the sized workload; it runs exactly when it fits
+    for key, row in rows.items():
+        setup = bench.rungs.rung_setup(plan.spec, bench.RUNGS[key], "cuda")
+        assert row["planned_peak"] == memory.estimate(bench.model_shape(plan.spec), setup).peak
+        assert row["fits"] == (row["planned_peak"] <= plan.budget)
+    assert plan.to_run() == [k for k in rows if rows[k]["fits"]]
+    full = bench.rungs.plan_ladder(asked, ["official"], None, "cuda").rows[0]["planned_peak"]
+    if full <= plan.budget:  # the official step of DiT-XL/2 at batch 32 fits: nothing is resized
+        assert (plan.spec.model, plan.spec.batch_size) == ("DiT-XL/2", 32)
+    else:  # a smaller batch, or a smaller model when DiT-XL/2 does not fit at batch 8
+        assert (plan.spec.model, plan.spec.batch_size) != ("DiT-XL/2", 32)
+        assert plan.spec.batch_size >= 8 and any(n.startswith("sized:") for n in plan.notes)
+    if card < 16:  # weights, gradients, AdamW and EMA of DiT-XL/2 alone exceed a 12 GiB budget
+        assert plan.spec.model != "DiT-XL/2"
+
+
+def test_ladder_plan_without_a_card_and_when_nothing_fits():
+    plan = bench.rungs.plan_ladder(PIXEL, ["official", "baseline"], None, "cpu")
+    assert plan.budget is None and plan.to_run() == ["official", "baseline"] and plan.spec.batch_size == 4
+    tiny = bench.rungs.plan_ladder(BenchSpec(model="DiT-XL/2", batch_size=32), XL_LADDER, 1, "cuda")
+    assert tiny.to_run() == [] and any("does not fit even at batch 1 of DiT-S/2" in n for n in tiny.notes)
+
+
+def test_run_benchmark_skips_the_rungs_that_do_not_fit_a_faked_card():
+    rungs = ["official", "official-fp32", "sdpa"]
+    peaks = {r["rung"]: r["planned_peak"] for r in bench.rungs.plan_ladder(PIXEL, rungs, None, "cpu").rows}
+    assert peaks["official-fp32"] > peaks["official"] > peaks["sdpa"]  # explicit attention keeps T x T
+    card = _card_for_budget((peaks["official"] + peaks["official-fp32"]) / 2)
+    result = bench.run_benchmark(PIXEL, rungs, isolate=False, sampling=False, activations=False, card_gib=card)
+    rows = {r["rung"]: r for r in result["rows"]}
+    assert rows["official"]["status"] == "ok" and rows["sdpa"]["status"] == "ok"
+    assert rows["official-fp32"]["status"].startswith("skipped: needs")
+    assert "step_s" not in rows["official-fp32"] and "speedup_vs_official" not in rows["official-fp32"]
+    assert rows["sdpa"]["speedup_vs_official"] == pytest.approx(
+        rows["official"]["step_s_median"] / rows["sdpa"]["step_s_median"])
+    assert result["plan"]["card_gib"] == card and result["spec"]["batch_size"] == 4
+    table = bench.format_table(result)
+    assert "nan" not in table and "skipped: needs" in table and f"card: {card:g} GiB" in table
+
+
+def test_run_benchmark_shrinks_the_batch_until_the_reference_fits():
+    at1 = bench.rungs.plan_ladder(replace(PIXEL, batch_size=1), ["official"], None, "cpu").rows[0]["planned_peak"]
+    at2 = bench.rungs.plan_ladder(replace(PIXEL, batch_size=2), ["official"], None, "cpu").rows[0]["planned_peak"]
+    card = _card_for_budget((at1 + at2) / 2)
+    result = bench.run_benchmark(replace(PIXEL, steps=1), ["official", "baseline"], isolate=False, sampling=False,
+                                 activations=False, card_gib=card)
+    assert result["spec"]["batch_size"] == 1 and all(r["batch_size"] == 1 for r in result["rows"])
+    assert result["rows"][0]["status"] == "ok"
+    assert "sized: tiny-pixel at batch 1 (asked for tiny-pixel at batch 4)" in bench.format_table(result)
+
+
+def test_a_missing_reference_prints_no_ratio():
+    rows = [dict(rung="official", label="official", status="skipped: needs ~9.0 GiB"),
+            dict(rung="baseline", label="baseline", status="ok", step_s_median=0.2, step_s_min=0.2, images_per_s=10.0),
+            dict(rung="sdpa", label="sdpa", status="ok", step_s_median=0.1, step_s_min=0.1, images_per_s=20.0)]
+    bench.add_ratios(rows)
+    assert all("speedup_vs_official" not in r for r in rows)
+    assert rows[2]["speedup_vs_baseline"] == pytest.approx(2.0)
+    result = dict(environment=dict(device="cpu", torch="x", cpu=dict(model="cpu", torch_threads=1)),
+                  spec=dict(pixel=True, image_size=8, batch_size=4, steps=1, warmup=1),
+                  model=dict(name="tiny", params=1, tokens=16), rows=rows)
+    table = bench.format_table(result)
+    assert "nan" not in table and "'x official': no ratio, the official rung did not run" in table
