@@ -15,6 +15,7 @@ time limit, the record written after each, so a run cut short keeps what it meas
 
     python benchmarks/gpu_speed.py                 # on a GPU machine; records in benchmarks/results/
     python benchmarks/gpu_speed.py --dry-run       # on a CPU: the same code at tiny size (records in runs/)
+    python benchmarks/gpu_speed.py --parts train --rungs official,fastest --large-batch 0 --record /tmp/train.json
 
 Knobs (environment or flags): RUNGS, BATCHES, SAMPLE_SETTINGS, STEPS, SAMPLE_STEPS, RUNG_TIMEOUT.
 """
@@ -33,6 +34,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def child_env() -> dict:
+    """The environment of a part's process: this one's, with the repository put first on ``PYTHONPATH`` and the
+    caller's entries kept after it (carried wheels, e.g. bitsandbytes or diffusers installed with ``--target``)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
 
 #: The sampler settings, in order of importance: (key, sample_batch, compile scope, compile mode).
 SAMPLE_SETTINGS = {
@@ -74,7 +83,7 @@ def run_sampling(spec, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--child-sampling", json.dumps(asdict(spec))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+                              env=child_env())
     except subprocess.TimeoutExpired:
         return dict(status=f"timeout after {timeout:g} s")
     for line in reversed(proc.stdout.splitlines()):
@@ -114,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-steps", type=int, default=int(os.environ.get("SAMPLE_STEPS", "100")),
                     help="DDPM steps timed; the table scales s/image to 250 steps (the cost per step is constant)")
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("RUNG_TIMEOUT", "150")))
+    ap.add_argument("--record", default=None,
+                    help="write the record to this .json file only (default: <out>/<gpu>-speed.json and .md)")
     ap.add_argument("--child-sampling", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_sampling:
@@ -130,7 +141,8 @@ def main(argv=None) -> int:
     slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
     out = Path(args.out or ("runs/gpu-speed-dry-run" if dry else "benchmarks/results"))
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{slug}-speed.json"
+    path = Path(args.record) if args.record else out / f"{slug}-speed.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     record = dict(gpu=gpu, time=time.strftime("%Y-%m-%d %H:%M"), dry_run=dry, torch=torch.__version__,
                   sampling={}, train=[])
     start = time.time()
@@ -149,10 +161,11 @@ def main(argv=None) -> int:
         record["table"] = "\n".join(parts)
         record["wall_s"] = round(time.time() - start, 1)
         path.write_text(json.dumps(record, indent=1, default=str))
-        path.with_suffix(".md").write_text(record["table"] + "\n")
+        if not args.record:
+            path.with_suffix(".md").write_text(record["table"] + "\n")
         if final:
             print(record["table"])
-            print(f"wrote {path} and {path.with_suffix('.md')}")
+            print(f"wrote {path}" + ("" if args.record else f" and {path.with_suffix('.md')}"))
 
     parts = args.parts.split(",")
     if "sampling" in parts:
