@@ -1,4 +1,4 @@
-"""The training step and the sampler on the CPU, against the official code's plain fp32 operations (issue 16).
+"""The training step and the sampler on the CPU, against the official code's plain fp32 operations.
 
 One process, the same weights everywhere, the candidates timed in alternating order (A B C A B C ...) and
 reported as medians, each as a ratio to an official-style reference measured in the same run

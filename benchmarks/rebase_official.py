@@ -1,11 +1,10 @@
-"""Recompute the "x official" ratios of ladders recorded before the reference step was train.py as it is.
+"""Add the "x official" ratios to a recorded ladder that measured the strict step but not the reference step.
 
-Until issue 11 the ladder's reference ("official-style plain step") ran in strict fp32: TF32 off, explicit
-attention. The official ``train.py`` turns TF32 on at its first lines and its attention (timm's ``Attention``)
-calls PyTorch's fused kernel, so ratios against the strict step counted TF32 as one of our tricks. The
-reference is now ``official`` (fp32 + TF32, fused attention, VAE in the loop) and the strict step is
-``official-fp32`` (:mod:`dit_core.measure.bench.rungs`). For a recorded run whose device call is over, the
-reference's time is derived from rungs of the same run, and every derived figure says so:
+The ladder's reference is ``official``: the step of the official ``train.py`` as it runs (fp32 with TF32, which
+it turns on at its first lines, fused attention through timm's ``Attention``, the VAE in the loop); the strict
+step is ``official-fp32`` (TF32 off, explicit attention; :mod:`dit_core.measure.bench.rungs`). Ratios against the
+strict step alone would count TF32 as one of this library's tricks. For a recorded run that measured only the
+strict step, the reference's time is derived from rungs of the same run, and every derived figure says so:
 
 * on a GPU: the ``tf32`` rung (fp32 with TF32, VAE in the loop, the trainer's step with explicit attention),
   whose attention and step details changed fp32 steps by about 1 % in the same run (``sdpa`` vs ``baseline``,

@@ -6,7 +6,11 @@
 * ``_toc.yml`` lists every page in book/ in chapter order, and every file it lists exists,
 * every citation in the book has an entry in book/references.bib,
 * every chapter starts with its "Running this chapter" box and ends with What to remember, Exercises (with
-  hidden solutions) and Next.
+  hidden solutions) and Next,
+* the repository speaks to its users: no word of how it was made (a numbered session or round, "until
+  recently") in the README, the book, the library, the profiles or the benchmarks; experiment histories live in
+  the records of benchmarks/results,
+* the README stays a README (at most 150 lines) and every profile reads as settings (at most 60 lines).
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ def test_every_citation_has_a_bibliography_entry():
 
 
 # ------------------------------------------------------------------------------------------------ chapter shape
-#: Every chapter of _toc.yml (a notebook) starts and ends the same way (issue 13, section 3):
+#: Every chapter of _toc.yml (a notebook) starts and ends the same way:
 #: * its title alone in the first cell, then the "Running this chapter" box: a code cell tagged ``remove-input`` that
 #:   calls ``chapter_box("<its own stem>")`` (``python -m dit_core.book add-box book/NN.ipynb`` inserts it);
 #: * near the end "## What to remember" with 3 to 6 points, then "## Exercises": at least three, each
@@ -251,3 +255,59 @@ def test_the_bibliography_parses():
     entries = pybtex.parse_file(str(BOOK_DIR / "references.bib"), bib_format="bibtex").entries
     keys = set(re.findall(r"^@\w+\{([^,\s]+),", (BOOK_DIR / "references.bib").read_text(), re.M))
     assert set(entries) == keys
+
+
+# ------------------------------------------------------------------------------------------------ words and sizes
+#: Words about how the project was made, not about what it does: a numbered session or round ("session 22",
+#: "sessions 8-22", "round 3") and "until recently". Histories of experiments go into one record per study in
+#: benchmarks/results (question, machine, date, command, figures, conclusion), named by date.
+MAKING = re.compile(r"(?<![-\w])(?:sessions?|rounds?)[ -]\d+|\buntil recently\b", re.I)
+README_MAX_LINES = 150
+PROFILE_MAX_LINES = 60
+
+
+def _user_facing_files() -> list[Path]:
+    files = [REPO_ROOT / "README.md", *BOOK_DIR.glob("*.md"), *NOTEBOOKS]
+    files += [p for p in (REPO_ROOT / "dit_core").rglob("*") if p.suffix in (".py", ".yaml")]
+    files += [p for p in (REPO_ROOT / "benchmarks").rglob("*") if p.suffix in (".py", ".sh", ".md", ".json")]
+    return sorted(p for p in files if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _making_hits(path: Path) -> list[str]:
+    if path.suffix == ".ipynb":
+        lines = [line for c in _read(path).cells for line in c.source.splitlines()]
+    else:
+        lines = path.read_text(errors="replace").splitlines()
+    rel = path.relative_to(REPO_ROOT).as_posix()
+    return [f"{rel}:{i}: {m.group(0)!r} in {line.strip()[:100]!r}" for i, line in enumerate(lines, 1)
+            for m in [MAKING.search(line)] if m]
+
+
+def test_no_word_of_how_the_project_was_made():
+    hits = [hit for path in _user_facing_files() for hit in _making_hits(path)]
+    assert not hits, (
+        "words about how the project was made (say what is, quote the current result and name its record in "
+        "benchmarks/results; the history goes into that record, dated):\n" + "\n".join(hits))
+
+
+def test_the_making_pattern():
+    for said in ("Session 22 measured", "sessions 8-22", "the session-17 model", "round 3 of it", "until recently"):
+        assert MAKING.search(said), said
+    for fine in ("--rounds 3", "median of 5 alternating rounds", "round(x, 2)", "rounded to 3 digits",
+                 "a session with the GPU", "2026-12-06, a 2-core Xeon"):
+        assert not MAKING.search(fine), fine
+
+
+def test_the_readme_is_short():
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it at most {README_MAX_LINES} (what it is, quick start, what you "
+        "get, the GPU quick start, the layout, how to write a chapter): details go into the book and the records")
+
+
+@pytest.mark.parametrize("profile", sorted((REPO_ROOT / "dit_core" / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_profile_reads_as_settings(profile):
+    lines = profile.read_text().splitlines()
+    assert len(lines) <= PROFILE_MAX_LINES, (
+        f"{profile.name} has {len(lines)} lines; keep a profile at most {PROFILE_MAX_LINES}: its settings, one short "
+        "comment per non-obvious one, and the name of the record in benchmarks/results that holds the figures")

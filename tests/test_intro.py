@@ -1,8 +1,9 @@
 """The book's front page stays true to the book: every chapter and every profile is on it, no placeholder left.
 
-book/intro.md is what a reader meets first: its chapter map (with the time each chapter takes) must list every
-chapter of _toc.yml, its table of profiles every profile in dit_core/configs, and it must hold the bibliography
-and the execution-statistics table of the build.
+book/intro.md is what a reader meets first: DiT in one picture (a figure drawn for the book), its chapter map
+(with the time each chapter takes) listing every chapter of _toc.yml, its table of profiles listing every profile
+in dit_core/configs (generated from the records: tests/test_records.py), the bibliography and the
+execution-statistics table of the build; and it stays short enough to read first.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def _table_rows(text: str, heading: str) -> list[str]:
 def test_chapter_map_links_every_chapter_with_both_times():
     text = INTRO.read_text()
     rows = _table_rows(text, "The chapters")
+    linked = re.findall(r"\]\(([\w-]+)\.ipynb\)", "\n".join(rows))
+    missing = [s for s in linked if not (REPO_ROOT / "book" / f"{s}.ipynb").is_file()]
+    assert not missing, f"book/intro.md: the chapter map links notebooks that book/ does not hold: {missing}"
     for stem in _chapters():
         row = [r for r in rows if f"]({stem}.ipynb)" in r]
         assert row, f"book/intro.md: the chapter map has no row linking {stem}.ipynb; add one (with its times)"
@@ -40,17 +44,56 @@ def test_chapter_map_links_every_chapter_with_both_times():
         assert len(cells) == 5 and all(cells[3:]), (
             f"book/intro.md: the row of {stem} needs 5 columns, the last two the CPU and GPU times: {row[0]}"
         )
-    linked = re.findall(r"\]\(([\w-]+)\.ipynb\)", "\n".join(rows))
     assert linked == _chapters(), f"book/intro.md: the chapter map is not in _toc.yml order: {linked}"
 
 
 def test_every_profile_is_described():
     text = INTRO.read_text()
-    rows = "\n".join(_table_rows(text, "What you need"))
+    rows = "\n".join(_table_rows(text, "The profiles"))
     profiles = sorted(p.stem for p in (REPO_ROOT / "dit_core" / "configs").glob("*.yaml"))
     assert profiles, "no profiles found in dit_core/configs"
     missing = [p for p in profiles if f"`{p}`" not in rows]
-    assert not missing, f"book/intro.md: the profile table ('What you need') lacks {missing}"
+    assert not missing, f"book/intro.md: the profile table ('The profiles') lacks {missing}"
+
+
+def test_it_opens_with_dit_in_one_picture():
+    """The first section is the pipeline figure, an SVG drawn for the book that a browser can size and that says
+    what it shows (training: image, VAE, latent, noise, DiT, loss; sampling: noise, DiT N times, decoder)."""
+    import xml.etree.ElementTree as ET
+
+    text = INTRO.read_text()
+    first = re.findall(r"^## (.+)$", text, re.M)[0]
+    assert first == "DiT in one picture", f"book/intro.md: the first section must be 'DiT in one picture', not {first!r}"
+    figure = re.search(r"```\{figure\} (\S+)", text.split("## DiT in one picture", 1)[1])
+    assert figure, "book/intro.md: 'DiT in one picture' opens with a {figure} directive"
+    svg = (INTRO.parent / figure.group(1)).resolve()
+    assert svg.suffix == ".svg" and svg.is_file(), f"book/intro.md: the figure {figure.group(1)} is not an SVG file"
+    assert "_static" not in svg.parts, "the figure is the book's own drawing, not a vendored file in _static"
+    root = ET.parse(svg).getroot()
+    assert float(root.get("width")) > 0 and float(root.get("height")) > 0, (
+        f"{svg.name}: give the <svg> a width and a height, or the browser cannot size the image")
+    words = " ".join(t.strip() for t in root.itertext()).lower()
+    for word in ("image", "vae encoder", "latent", "noise", "dit", "loss", "applied n times", "vae decoder"):
+        assert word in words, f"{svg.name}: the pipeline figure does not show {word!r}"
+
+
+def _prose_words(text: str) -> int:
+    """Words of the page outside code blocks, directives and HTML comments."""
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    return len(re.findall(r"[A-Za-z0-9][\w'.,%/-]*", text))
+
+
+def test_it_stays_short():
+    words = _prose_words(INTRO.read_text())
+    assert words <= 1500, f"book/intro.md has {words} words (tables included); keep it at most 1,500"
+
+
+def test_the_hardware_arithmetic_is_not_in_the_intro():
+    """Peaks, MFU and accumulate rates belong to chapter 06; the intro gives the idea and the map."""
+    text = INTRO.read_text()
+    found = [w for w in ("MFU", "TFLOP/s", "fp32-accumulate", "sparsity") if w in text]
+    assert not found, f"book/intro.md: hardware arithmetic belongs to chapter 06, found {found}"
 
 
 def test_no_placeholders_and_the_generated_sections_are_there():
@@ -170,8 +213,13 @@ def test_gpu_time_prefers_measurements(tmp_path):
     data = {"chapters": {"03_model": {"cpu": {"seconds": 21}}}}
     empty = tmp_path / "results"
     empty.mkdir()
-    est = timings.gpu_time("05_training", data, results=empty)
+    from dit_core.book import track
+
+    costs = track.costs(track.card_peak(timings.ESTIMATE_CARD))
+    training = next(s for s, c in costs.items() if c == 60 * track.DEFAULTS["train_minutes"])
+    est = timings.gpu_time(training, data, results=empty)
     assert not est.measured and "estimate" in est.source and est.seconds > 15 * 60  # 15 minutes of training
+    assert est.note == "15 of them training"
     assert timings.gpu_time("03_model", data, results=empty).seconds == 21  # no GPU work: at most the CPU time
     record = {"gpu": "NVIDIA H200", "dry_run": False, "date": "2027-01-01",
               "chapters": {"05_training": {"wall_at_defaults_s": 955.0, "error": None},
@@ -192,10 +240,3 @@ def test_render_intro_rewrites_only_the_time_columns():
     diff = [(a, b) for a, b in zip(text.splitlines(), out.splitlines()) if a != b]
     assert len(diff) == 2 and "04_diffusion.ipynb" in diff[0][1] and "| 1.2 min |" in diff[0][1]
     assert "**all**" in diff[1][1]
-
-
-def test_readme_counts_the_pages_of_the_toc():
-    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
-    pages = 1 + len(toc.get("chapters", []))  # the root (the introduction) and every chapter entry
-    said = re.findall(r"`_build/html/index\.html`: (\d+) pages", (REPO_ROOT / "README.md").read_text())
-    assert said == [str(pages)], f"README.md: the built book has {pages} pages (_toc.yml), the README says {said}"

@@ -47,11 +47,11 @@ START_UP_S = 60.0
 OTHER_GPU_WORK = {
     "06_memory_and_speed": (300.0, "DiT-XL/2 measured on the card, compilation included"),
 }
-#: What comes on top of a chapter's GPU time (downloads), or what most of it is.
+#: What comes on top of a chapter's GPU time (downloads), or what most of it is. The chapter that trains on the
+#: GPU track (the one :func:`dit_core.book.track.costs` gives the training budget) gets :func:`training_note`.
 GPU_NOTES = {
     "01_data": "+ Imagenette, 342 MB",
     "02_latents": "+ the VAE, 335 MB",
-    "05_training": "15 of them training",
     "06_memory_and_speed": "DiT-XL/2, compilation included",
     "07_sampling": "+ DiT-XL/2, 2.7 GB, and Inception, 91 MB",
 }
@@ -188,6 +188,15 @@ class GpuTime:
         return format_gpu(self.seconds, estimate=not self.measured)
 
 
+def training_note(stem: str) -> str:
+    """"15 of them training" for the chapter whose GPU-track estimate is the training budget, else ""."""
+    from . import track
+
+    minutes = track.DEFAULTS["train_minutes"]
+    costs = track.costs(track.card_peak(ESTIMATE_CARD))
+    return f"{minutes:.0f} of them training" if costs.get(stem) == 60.0 * minutes else ""
+
+
 def gpu_track_records(results: str | os.PathLike = RESULTS) -> list[dict]:
     """The records of ``benchmarks/gpu_track.sh`` on a real GPU (dry runs left out), newest first."""
     records = []
@@ -207,7 +216,7 @@ def gpu_time(stem: str, data: dict | None = None, results: str | os.PathLike = R
     from . import track
 
     data = load() if data is None else data
-    note = GPU_NOTES.get(stem, "")
+    note = GPU_NOTES.get(stem) or training_note(stem)
     entry = data.get("chapters", {}).get(stem, {}).get("gpu")
     if entry:
         return GpuTime(entry["seconds"], True, f"measured by {entry.get('how', '`make book`')} on {entry['date']} "

@@ -30,8 +30,8 @@ MAX_LR = 1e-2
 EMA_INITIAL_SHARE = 0.05
 #: Fewer passes over the data than this is "a handful".
 MIN_EPOCHS = 5.0
-#: A run shorter than this share of a profile's ``reference_steps`` is flagged (the profile's figures do not
-#: hold for it: small-images on the shapes, session 14's slower CPU, 1,120 steps: 41 % against 84 % at 3,968).
+#: A run shorter than this share of a profile's ``reference_steps`` is flagged: the profile's figures do not
+#: hold for it (small-images on a slow CPU: 1,120 steps, 41 % against 84 % at 3,968; small-images-recipe.md).
 REFERENCE_SHARE = 0.75
 
 

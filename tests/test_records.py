@@ -1,0 +1,102 @@
+"""The study records in benchmarks/results, and the profile table the README and the introduction show from them.
+
+Every study is one Markdown record (question, machine, date, command, figures, conclusion); the README and
+book/intro.md carry one table of what each profile gives, generated from the records' JSON by
+dit_core.book.records, as the chapter table's times are generated from book/_timings.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dit_core.book import records
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+FIX = "run `python -m dit_core.book.records`"
+
+
+@pytest.mark.parametrize("name", records.RECORDS)
+def test_every_study_has_its_record(name):
+    path = RESULTS / name
+    assert path.is_file(), f"benchmarks/results/{name} is missing: chapters and the README name it"
+    text = path.read_text()
+    assert text.startswith("# "), f"{name}: starts with its title (# ...)"
+    for part in ("**Question.**", "**Machine", "**Date", "**Command"):
+        assert part in text, f"{name}: every record says its question, machine, date and command; {part} is missing"
+    assert re.search(r"^\|---", text, re.M) or "```" in text, f"{name}: the figures (a table) are missing"
+    assert "## Conclusion" in text, f"{name}: ends with '## Conclusion'"
+    assert re.search(r"20\d\d-\d\d-\d\d", text), f"{name}: names the date of its measurements (YYYY-MM-DD)"
+
+
+def test_records_name_only_files_that_exist():
+    """A record, the README, the intro or a profile that names a record or a JSON file of benchmarks/results names
+    one that is there (a rename leaves no dangling name behind)."""
+    texts = {p: p.read_text() for p in [REPO_ROOT / "README.md", REPO_ROOT / "book" / "intro.md",
+                                        *RESULTS.glob("*.md"), *(REPO_ROOT / "dit_core" / "configs").glob("*.yaml")]}
+    names = {p.name for p in RESULTS.iterdir()}
+    dangling = {}
+    for path, text in texts.items():
+        for name in re.findall(r"\b([\w.-]+\.(?:md|json))\b", text):
+            looks_like_record = name in records.RECORDS or re.match(r"(nvidia|cpu|convergence|gpu|planner)-", name)
+            if looks_like_record and name not in names:
+                dangling.setdefault(path.relative_to(REPO_ROOT).as_posix(), []).append(name)
+    assert not dangling, f"names of records that benchmarks/results does not hold: {dangling}"
+
+
+def test_every_profile_has_a_row():
+    profiles = sorted(p.stem for p in (REPO_ROOT / "dit_core" / "configs").glob("*.yaml"))
+    assert sorted(records.HARDWARE) == profiles, (
+        "dit_core/book/records.py: HARDWARE must list every profile of dit_core/configs (and no other); "
+        f"profiles {profiles}, listed {sorted(records.HARDWARE)}")
+    rows = records.profile_rows()
+    assert [r.profile for r in rows] == list(records.HARDWARE)
+    for r in rows:
+        assert r.record is None or (RESULTS / r.record).is_file(), f"{r.profile}: its record {r.record} is missing"
+
+
+@pytest.mark.parametrize("path", list(records.TARGETS), ids=lambda p: p.name)
+def test_the_tables_are_the_records(path):
+    text = path.read_text()
+    assert text == records.render_file(text, records.TARGETS[path], name=path.name), (
+        f"{path.relative_to(REPO_ROOT)}: the profile table is not what the records say; {FIX}")
+
+
+def test_the_table_quotes_the_records(tmp_path):
+    """The rows carry the records' own figures, and a profile without a record says so."""
+    for name in ("digits-profile.json", "small-images-recipe.json", "nvidia-h200-profiles.json",
+                 "nvidia-h200-planner-check.json"):
+        (tmp_path / name).write_text((RESULTS / name).read_text())
+    rows = {r.profile: r for r in records.profile_rows(tmp_path)}
+    small = json.loads((RESULTS / "small-images-recipe.json").read_text())
+    worst = min(r["right_150"] for r in small["runs"])
+    assert f"{100 * worst:.1f}" in rows["small-images"].result and rows["small-images"].record == "small-images-recipe.md"
+    profiles = json.loads((RESULTS / "nvidia-h200-profiles.json").read_text())
+    rtx = next(r for r in profiles["rows"] if r["profile"] == "rtx3090-24gb")
+    assert f"{rtx['steady_images_per_s']:.0f} img/s" in rows["rtx3090-24gb"].time
+    assert rows["rtx3060-12gb"].result == records.NOT_MEASURED and rows["rtx3060-12gb"].record is None
+
+    # a changed figure changes the table; a removed record leaves "not measured yet"
+    small["runs"][0]["right_150"] = 0.5
+    (tmp_path / "small-images-recipe.json").write_text(json.dumps(small))
+    assert "50.0-98.0 %" in records.profile_rows(tmp_path)[1].result
+    (tmp_path / "digits-profile.json").unlink()
+    digits = records.profile_rows(tmp_path)[0]
+    assert digits.result == records.NOT_MEASURED and digits.record is None
+
+
+def test_render_file_rewrites_only_the_table_and_needs_its_markers(tmp_path):
+    text = f"# Title\n\nbefore\n\n{records.BEGIN}\n| old | table |\n{records.END}\n\nafter\n"
+    out = records.render_file(text, None)
+    assert out.startswith("# Title\n\nbefore\n\n") and out.endswith("\n\nafter\n") and "| old |" not in out
+    assert "| `digits` |" in out and "`digits-profile.md`" in out  # paths in the book, links in the README
+    assert "[digits-profile.md](benchmarks/results/digits-profile.md)" in records.render_file(text, "benchmarks/results/")
+    with pytest.raises(ValueError, match="markers"):
+        records.render_file("no table here", None, name="README.md")
+    path = tmp_path / "page.md"
+    path.write_text(text)
+    assert records.update(path, None) and not records.update(path, None)
