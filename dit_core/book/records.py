@@ -174,7 +174,7 @@ def render_file(text: str, link_prefix: str | None, results: str | os.PathLike =
         raise ValueError(f"{name}: needs the profile table's markers once each, in this order:\n{BEGIN}\n{END}")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{render_table(profile_rows(results), link_prefix)}\n{END}{tail}"
+    return f"{head}{BEGIN}\n\n{render_table(profile_rows(results), link_prefix)}\n\n{END}{tail}"
 
 
 #: The files that show the table, and how each names a record.
