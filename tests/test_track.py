@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,3 +108,55 @@ def test_sampled_and_real_images_for_fid(tmp_path):
                               checksum=False, progress=False)
     images, y = track.real_images(data, "val", 16, limit=5)
     assert images.shape == (5, 16, 16, 3) and images.dtype == np.uint8 and set(y) <= set(LABELS)
+
+
+def test_the_cell_time_limit_is_the_books():
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "_config.yml").read_text())
+    assert track.CELL_TIMEOUT_S == config["execute"]["timeout"]
+    assert track.cell_budget() == pytest.approx(track.CELL_SHARE * track.CELL_TIMEOUT_S)
+    assert 0 < track.cell_budget() < track.CELL_TIMEOUT_S
+
+
+def test_fid_samples_are_sized_to_stay_within_the_cell_time_limit():
+    budget = track.cell_budget()
+    # chapter 07's FID cell at its 2,000 samples: past the limit on an RTX 3090 and a 3060, within it on a 4090
+    per = {name: track.fid_seconds_per_sample(track.card_peak(name)) for name in ("RTX 3060", "RTX 3090", "RTX 4090")}
+    assert 2000 * per["RTX 3060"] > 2000 * per["RTX 3090"] > track.CELL_TIMEOUT_S > 2000 * per["RTX 4090"]
+    for name, seconds in per.items():
+        n = track.fid_samples_within(track.card_peak(name))
+        assert n % 10 == 0 and 10 <= n <= 2000 and n * seconds <= budget
+        assert n == 2000 or (n + 10) * seconds > budget  # the largest that fits
+    assert track.fid_samples_within(track.card_peak("RTX 4090")) == 2000
+    assert track.fid_samples_within(track.card_peak("RTX 3060")) < track.fid_samples_within(track.card_peak("RTX 3090")) < 2000
+    assert track.fid_samples_within(None) == 2000 and track.fid_samples_within(25.5, 700) == 700  # a number: as given
+    assert track.fid_samples_within(0.001) == 10  # at least one sample per class
+    with pytest.raises(ValueError, match="FID_SAMPLES"):
+        track.fid_samples_within(25.5, 0)
+    # the cost estimate of chapter 07 follows the sized count
+    assert track.costs(25.5)["07_sampling"] < track.costs(25.5, fid_samples=2000)["07_sampling"]
+
+
+def test_latents_within_a_budget_stop_and_continue_where_they_stopped(tmp_path):
+    """A fake clock: the first leg (4 batches) takes 10 s of a 30 s budget, so the second runs
+    int(0.95 * 20 s * 0.4 batches/s) = 7 batches; the next call finishes, with the latents of one whole run."""
+    from dit_core.data.imagenette import make_archive, prepare_imagenette
+    from dit_core.vae import random_vae
+
+    data = prepare_imagenette(tmp_path / "nette", archive=make_archive(tmp_path / "a.tgz", 3, 1, short_side=24),
+                              checksum=False, progress=False)
+    vae = random_vae("tiny", seed=0)
+    kw = dict(image_size=16, batch_size=1, progress=False, device="cpu", num_workers=0)
+    times = iter([0.0, 10.0])
+    first = track.latents_within(data, tmp_path / "lat", vae, seconds=30, calibration_batches=4,
+                                 clock=lambda: next(times), **kw)
+    assert first["complete"] is False and first["done"] == 4 + 7 and first["count"] == 30
+    second = track.latents_within(data, tmp_path / "lat", vae, seconds=30, calibration_batches=4, **kw)
+    assert second["complete"] is True and second["count"] == 30
+    whole = track.latents_within(data, tmp_path / "whole", vae, seconds=1e6, calibration_batches=100, **kw)
+    assert whole["complete"] is True
+    files = sorted(p.name for p in (tmp_path / "whole").glob("*.npy"))
+    assert files and files == sorted(p.name for p in (tmp_path / "lat").glob("*.npy"))
+    for name in files:
+        assert np.array_equal(np.load(tmp_path / "lat" / name), np.load(tmp_path / "whole" / name)), name

@@ -12,7 +12,10 @@ This module holds what those cells share:
 * the chain data -> latents -> run, each step reusing what exists (:func:`gpu_data`, :func:`gpu_latents`,
   :func:`train_for`), so that any chapter can build what it needs when an earlier one did not run;
 * :func:`card_peak` and :func:`costs`: the GPU time of each chapter, **estimated** from the measured H200 records
-  (``benchmarks/results/nvidia-h200-dit-xl2.md``) scaled by each card's dense 16-bit peak, until measured;
+  (``benchmarks/results/gpu-ladder-h200.md``) scaled by each card's dense 16-bit peak, until measured;
+* :func:`fid_samples_within` and :func:`latents_within`: the two cells that a small card would keep past the
+  book's time limit for one cell (:data:`CELL_TIMEOUT_S`), sized to stay within it: chapter 07's FID sample count
+  from the card's estimate, chapter 02's extraction in legs timed on the machine itself;
 * :func:`sample_uint8` and :func:`real_images`: the image arrays FID compares.
 """
 
@@ -59,7 +62,7 @@ H200_PEAK = 989.0
 
 #: Multiply-adds of one forward pass at 256 px (DiT: paper Table 4; the SD VAE: counted by PyTorch's FLOP counter).
 GMACS = {"DiT-B/2": 23.0, "DiT-XL/2": 118.6, "vae_encoder": 136.4, "vae_decoder": 311.1}
-#: What the H200 measured (benchmarks/results/nvidia-h200-dit-xl2.md, 2026-11-29), the anchors of every estimate.
+#: What the H200 measured (benchmarks/results/gpu-ladder-h200.md, 2026-11-29), the anchors of every estimate.
 H200_RECORDS = {
     # dit-train, profile rtx3090-24gb (DiT-XL/2, bf16, every block checkpointed): 195.9 img/s over its last 10 steps.
     # Checkpointing adds one forward (4/3 of 6 x 118.6 GFLOP per image): 186 TFLOP/s, 18.8 % of the peak.
@@ -110,7 +113,45 @@ DEFAULTS = dict(train_minutes=15.0, fid_samples=2000, fid_steps=25, picture_step
                 guidance=(1.0, 1.5, 4.0))
 
 
-def costs(peak: float, train_minutes: float = DEFAULTS["train_minutes"], fid_samples: int = DEFAULTS["fid_samples"],
+#: The book's time limit for one cell in seconds (``_config.yml``: ``execute.timeout``); a cell that runs longer
+#: fails the build.
+CELL_TIMEOUT_S = 1800
+#: The share of that limit a sized cell plans to use. The rest is the margin for the estimate's error (one card's
+#: measurements scaled by peak; JPEG decoding and Inception are not in the cost model).
+CELL_SHARE = 0.6
+
+
+def cell_budget(timeout_s: float = CELL_TIMEOUT_S, share: float = CELL_SHARE) -> float:
+    """Seconds a sized cell plans to use: ``share`` of the book's cell time limit."""
+    return share * timeout_s
+
+
+def fid_seconds_per_sample(peak: float, steps: int = DEFAULTS["fid_steps"]) -> float:
+    """Estimated seconds per FID sample in chapter 07, both models together: DiT-B/2 and DiT-XL/2 with guidance,
+    ``steps`` sampler steps each, and the VAE decode of each sample."""
+    return sum(sample_seconds(model, 1, steps, peak) for model in ("DiT-B/2", "DiT-XL/2"))
+
+
+def fid_samples_within(peak: float | None, requested="auto", steps: int = DEFAULTS["fid_steps"],
+                       classes: int = DEFAULTS["classes"], budget_s: float | None = None) -> int:
+    """Samples per model behind chapter 07's FIDs. A number is used as given. ``"auto"``: the GPU track's 2,000,
+    or, on a card whose estimate (:func:`fid_seconds_per_sample`) would take the FID cell past ``budget_s``
+    (default :func:`cell_budget`), the largest multiple of ``classes`` that fits (at least ``classes``: one per
+    class). ``peak`` None (no card, or one the table does not know): 2,000."""
+    if not (isinstance(requested, str) and requested == "auto"):
+        n = int(requested)
+        if n < 1:
+            raise ValueError(f"FID_SAMPLES must be a positive number of samples or 'auto', got {requested!r}")
+        return n
+    n = DEFAULTS["fid_samples"]
+    if peak:
+        budget = cell_budget() if budget_s is None else budget_s
+        fits = int(budget / fid_seconds_per_sample(peak, steps)) // classes * classes
+        n = max(classes, min(n, fits))
+    return n
+
+
+def costs(peak: float, train_minutes: float = DEFAULTS["train_minutes"], fid_samples="auto",
           fid_steps: int = DEFAULTS["fid_steps"], picture_steps: int = DEFAULTS["picture_steps"],
           pictures: int = DEFAULTS["classes"] * DEFAULTS["per_class"]) -> dict:
     """Estimated GPU seconds of each GPU-track chapter on a card of ``peak`` TFLOP/s (downloads not included).
@@ -120,8 +161,10 @@ def costs(peak: float, train_minutes: float = DEFAULTS["train_minutes"], fid_sam
     - ``05_training``: the training budget (``train_minutes``);
     - ``07_sampling``: guidance grids (3 scales) and the 3-channel comparison for both models at
       ``picture_steps`` DDPM steps, the sampler comparison on the official model (DDPM-250, DDIM-50,
-      DPM-Solver++-25), and ``fid_samples`` FID samples of each model with ``fid_steps`` DPM-Solver++ steps.
+      DPM-Solver++-25), and ``fid_samples`` FID samples of each model (``"auto"``: as many as
+      :func:`fid_samples_within` gives this card) with ``fid_steps`` DPM-Solver++ steps.
     """
+    fid_samples = fid_samples_within(peak, fid_samples, fid_steps)
     b2, xl2 = "DiT-B/2", "DiT-XL/2"
     pics = 0.0
     for model in (b2, xl2):
@@ -254,6 +297,27 @@ def ensure_latents(data_dir, latents_dir, vae, *, archive=None, download: bool =
     gpu_latents(data, latents_dir, model, vae_name=str(vae), image_size=image_size, batch_size=batch_size,
                 progress=progress, device=device)
     return latents_dir
+
+
+def latents_within(data_dir, latents_dir, vae, seconds: float | None = None, calibration_batches: int = 8,
+                   clock=time.perf_counter, **kwargs) -> dict:
+    """:func:`gpu_latents` for about ``seconds`` at most (default :func:`cell_budget`), so that one cell stays
+    within the book's time limit on any card: a first leg of ``calibration_batches`` batches measures this
+    machine's rate (start-up included), a second leg sized from that rate fills the rest. An extraction that is
+    not finished then continues at the next call, where this one stopped (resuming gives the same latents as one
+    uninterrupted run). Returns the manifest when the extraction is complete, else its progress state
+    (``"complete": False``, ``"done"`` of ``"count"`` images)."""
+    budget = cell_budget() if seconds is None else float(seconds)
+    t0 = clock()
+    result = gpu_latents(data_dir, latents_dir, vae, max_batches=calibration_batches, **kwargs)
+    if result.get("complete", True):
+        return {**result, "complete": True}
+    spent = clock() - t0
+    rate = calibration_batches / spent if spent > 0 else float("inf")
+    more = int(0.95 * (budget - spent) * rate)
+    if more > 0:
+        result = gpu_latents(data_dir, latents_dir, vae, max_batches=more, **kwargs)
+    return {**result, "complete": result.get("complete", True)}
 
 
 def run_step(run_dir: str | os.PathLike) -> int:
