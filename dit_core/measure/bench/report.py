@@ -1,17 +1,19 @@
 """The benchmark's results as text: the ladder's table, a summary of several runs, a recorded file, one row.
 
 Results are plain data (``dit-bench --json``, ``benchmarks/results/*.json``); chapter 06 prints the recorded
-GPU runs with :func:`format_record`.
+GPU runs with :func:`format_record` and checks the planner against them with :func:`recheck_planner`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ...atomic import atomic_write_text
 from .. import memory
+from .rungs import BenchSpec, as_rung, model_shape, rung_setup
 
 
 def ratio_text(row: dict, missing: str = "nan") -> str:
@@ -154,6 +156,37 @@ def format_record(data: dict) -> str:
         text = format_summary(data["results"], data.get("planner_choice", []))
     elif "table" in data:
         text = data["table"]
-    else:
+    elif "rows" in data and "environment" in data:
         text = format_summary([data], [])
+    else:
+        raise ValueError(f"not a benchmark record (no 'results', 'table' or ladder 'rows'; keys: "
+                         f"{', '.join(sorted(data)[:8])}): format_record prints dit-bench's and the GPU scripts' files")
     return text + (f"\nnote: {data['note']}" if data.get("note") else "")
+
+
+def recheck_planner(data: dict, cards_gib=(12, 24)) -> list[dict]:
+    """Every measured row of a recorded GPU ladder (``dit-bench --json``, ``benchmarks/gpu_ladder.sh``) against
+    the planner as it is: the measured peak (``max_memory_allocated``), the peak predicted for the rung's step,
+    the error, whether the VAE encoder ran in the loop, and for each card of ``cards_gib`` whether the
+    *measured* peak fits the planner's budget for that card (:func:`memory.card_budget`)."""
+    out = []
+    runs = data["results"] if "results" in data else [data]
+    for run in runs:
+        spec = BenchSpec(**{k: v for k, v in run["spec"].items() if k in BenchSpec.__dataclass_fields__})
+        device = run["environment"]["device"]
+        for row in list(run["rows"]) + list(data.get("planner_choice", []) if run is runs[0] else []):
+            if row.get("status") != "ok" or not row.get("peak_bytes") or "tricks" not in row:
+                continue
+            rung = as_rung(dict(key=row["rung"], label=row["label"], **row["tricks"]))
+            batch = row.get("batch_size", spec.batch_size)
+            accum = row.get("grad_accum", spec.grad_accum)
+            s = replace(spec, batch_size=batch, grad_accum=accum)
+            setup = rung_setup(s, rung, device, row.get("precision"))
+            planned = memory.estimate(model_shape(s), setup).peak
+            measured = row["peak_bytes"]
+            out.append(dict(rung=row["rung"], label=row["label"], batch=batch, vae_in_loop=setup.vae_in_loop,
+                            precision=setup.precision, tf32=bool(row["tricks"].get("tf32")), measured=measured,
+                            planned=planned, error=memory.relative_error(planned, measured),
+                            fits={c: measured <= memory.card_budget(c) for c in cards_gib}))
+    return out
+
