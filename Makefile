@@ -9,6 +9,7 @@
 #   make browser-test  headless Chromium over _build/html (built with book-smoke if missing): offline, math, figures
 #   make setup   create/refresh the Python environment (idempotent; quick when nothing changed)
 #   make clean   remove build outputs (keeps .venv; `make distclean` removes it too)
+#   make gpu-wheels    the wheels a GPU machine without internet needs (benchmarks/gpu_first_run.sh), in .gpu-wheels/
 #
 # Environment: an active virtualenv ($VIRTUAL_ENV) or conda env ($CONDA_PREFIX) is used as it is;
 # otherwise a .venv is created in the repository root. On a machine without an NVIDIA GPU the CPU
@@ -55,7 +56,7 @@ VENDOR := .vendor
 NPM_PACKAGES := mathjax@3.2.2 @jupyter-widgets/html-manager@1.0.15 requirejs@2.3.8 font-awesome@4.7.0
 VENDOR_STAMP := $(VENDOR)/.complete-$(shell echo '$(NPM_PACKAGES)' | cksum | cut -d' ' -f1)
 
-.PHONY: help setup test smoke book vendor clean distclean book-smoke browser-test nbval
+.PHONY: help setup test smoke book vendor clean distclean book-smoke browser-test nbval gpu-wheels
 
 # Chapters cheap enough to run at their full defaults in CI (about a minute together on 2 cores).
 NBVAL_NOTEBOOKS ?= book/04_diffusion.ipynb book/08_troubleshooting.ipynb
@@ -73,7 +74,7 @@ SMOKE_NOTEBOOKS := $(patsubst book/%.ipynb,$(SMOKE_DIR)/%.smoke.ipynb,$(NOTEBOOK
 LIBRARY_SOURCES := $(shell find dit_core -name '*.py' -o -name '*.yaml' 2>/dev/null)
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(SETUP_STAMP)
 
@@ -164,6 +165,34 @@ book: setup vendor
 	fi
 	@echo ">> book: file://$(CURDIR)/_build/html/index.html"
 	@echo ">> chapter times: book/_timings.json and book/intro.md (commit them)"
+
+# The wheels that benchmarks/gpu_first_run.sh and gpu_chapters_smoke.sh install on a GPU machine without internet
+# (it is expected to have PyTorch with CUDA, numpy, PyYAML, pytest, Pillow, tqdm, safetensors, huggingface_hub,
+# requests, scikit-learn, scipy, matplotlib): bitsandbytes, diffusers, and papermill with the kernel and widgets
+# that run the notebooks, each without dependencies, for that machine's platform and Python (GPU_PYTHON_VERSION).
+# The list is what pip resolves for these versions, less what such a machine has; ipykernel's debugger (debugpy)
+# and IPython's completion (jedi, parso) are left out: nothing here uses them and they import only on use.
+# About 57 MB in all (measured with these versions).
+GPU_WHEELS_DIR ?= .gpu-wheels
+GPU_PYTHON_VERSION ?= 3.12
+GPU_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_26_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
+  manylinux2014_x86_64 manylinux1_x86_64
+GPU_WHEELS ?= bitsandbytes==0.50.2 diffusers==0.42.1 importlib-metadata==10.2.0 lazy-importer==0.1.0 \
+  papermill==2.7.0 entrypoints==0.4.2 tenacity==9.2.1 nbclient==0.11.0 nbformat==5.11.1 fastjsonschema==2.22.3 \
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
+  jupyter-client==8.10.0 jupyter-core==5.9.1 platformdirs==4.14.9 pyzmq==27.3.0 tornado==6.6.1 traitlets==5.16.1 \
+  ipykernel==7.4.0 comm==0.2.3 nest-asyncio2==1.7.4 matplotlib-inline==0.2.2 ipython==9.19.1 \
+  ipython-pygments-lexers==1.1.1 prompt-toolkit==3.0.53 wcwidth==0.9.5 pexpect==4.9.0 ptyprocess==0.7.0 \
+  stack-data==0.6.3 executing==2.3.0 asttokens==3.0.2 pure-eval==0.2.4 \
+  ipywidgets==8.1.9 widgetsnbextension==4.0.16 jupyterlab-widgets==3.0.17
+PIP_PYTHON := $(if $(wildcard $(PYTHON)),$(PYTHON),$(BASE_PYTHON))
+
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS_DIR)
+	"$(PIP_PYTHON)" -m pip download --quiet --no-deps --only-binary=:all: --dest $(GPU_WHEELS_DIR) \
+	  --python-version $(GPU_PYTHON_VERSION) --implementation cp $(addprefix --platform ,$(GPU_PLATFORMS)) $(GPU_WHEELS)
+	@echo ">> $$(ls $(GPU_WHEELS_DIR)/*.whl | wc -l) wheels, $$(du -sh $(GPU_WHEELS_DIR) | cut -f1) in $(GPU_WHEELS_DIR)/:" \
+	  "carry it to the GPU machine beside the repository (bash benchmarks/gpu_first_run.sh installs them)"
 
 clean:
 	rm -rf _build .pytest_cache $(VENDOR)
