@@ -210,19 +210,19 @@ def test_bad_input_is_a_clear_error(capsys):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The rungs of issue 16 (closer to the hardware): plain data, run by the same step, planned like "sdpa"
+# The rungs closer to the hardware: plain data, run by the same step, planned like "sdpa"
 # ----------------------------------------------------------------------------------------------------------
 
 
-def test_issue16_rungs_are_data_and_reach_the_step():
-    new = ("compile-model", "compile-autotune", "attn-cudnn", "attn-flash", "ema-every-4", "fastest")
-    for key in new:
+def test_hardware_rungs_are_data_and_reach_the_step():
+    keys = ("compile-model", "compile-autotune", "attn-cudnn", "attn-flash", "ema-every-4", "fastest")
+    for key in keys:
         rung = bench.RUNGS[key]
         assert rung.compile and rung.amp and rung.latents and rung.fused_attention and not rung.checkpointing
         assert len(rung.label) <= 44  # the table's column
     assert bench.RUNGS["compile-model"].compile_scope == "model"
     assert bench.RUNGS["fastest"].attn_kernel == "cudnn" and bench.RUNGS["fastest"].ema_every == 4
-    assert bench.as_rung(dict(key="x", label="x")).compile_scope is None  # old records' rows still load
+    assert bench.as_rung(dict(key="x", label="x")).compile_scope is None  # rows of records without the field load
     device = torch.device("cpu")
     spec = resolve_spec(replace(PIXEL, precision="bf16"))
     assert bench.rungs.step_options(spec, bench.RUNGS["ema-every-4"], device).ema_every == 4

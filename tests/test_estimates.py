@@ -4,8 +4,9 @@
 * the FLOPs per image are the ones the library's counter gives, the cards' peaks the ones of facts.md §8, and
   each profile's configuration is the one its anchor measured;
 * the estimates are the arithmetic the module's docstring states;
-* the pages use the table: book/intro.md holds it verbatim, a notebook that quotes a training time computes it
-  with the module, and no page keeps its own table of GPU peaks.
+* the pages use the table: a markdown page that quotes a training time holds the table verbatim, a notebook that
+  quotes one computes it with the module (chapter 06 prints the table), and no page keeps its own table of GPU
+  peaks.
 """
 
 from __future__ import annotations
@@ -25,12 +26,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 BOOK = REPO_ROOT / "book"
 PAGES = sorted(BOOK.glob("*.md")) + sorted(BOOK.glob("*.ipynb"))
-
-#: Pages that still quote training or sampling times with their own peaks and utilisation (strict: when a page is
-#: fixed, its entry must go). Empty since issue 13's second pass: chapter 05's training-time cell and chapter 07's
-#: sampling-time cell call dit_core.measure.estimates.
-PENDING: dict[str, str] = {}
-
 
 def _json(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
@@ -186,9 +181,7 @@ def _uses_the_module(code: str) -> bool:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_pages_use_the_table(page, request):
-    if page.name in PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=PENDING[page.name]))
+def test_pages_use_the_table(page):
     prose, code = _texts(page)
     problems = []
     if _quotes_training_time(prose, code):
@@ -213,12 +206,12 @@ def test_pages_use_the_table(page, request):
     assert not problems, f"book/{page.name}: " + "; ".join(problems)
 
 
-def test_the_page_check_catches_the_old_errors():
-    old_intro = "| H100 (989 TFLOP/s) | ~340 | ~3.5 days |\n| RTX 3060 (51 TFLOP/s) | ~9 weeks |"
-    assert _quotes_training_time(old_intro, "")
-    assert est.markdown_table() not in old_intro
-    assert [(n, v) for n, v in _PEAK_PROSE.findall(old_intro)] == [("H100", "989"), ("RTX 3060", "51")]
+def test_the_page_check_catches_a_wrong_page():
+    wrong_page = "| H100 (989 TFLOP/s) | ~340 | ~3.5 days |\n| RTX 3060 (51 TFLOP/s) | ~9 weeks |"
+    assert _quotes_training_time(wrong_page, "")
+    assert est.markdown_table() not in wrong_page
+    assert [(n, v) for n, v in _PEAK_PROSE.findall(wrong_page)] == [("H100", "989"), ("RTX 3060", "51")]
     assert abs(51 - est.card_for_device("RTX 3060").peak_tflops) > 1
-    old_code = 'peaks = {"RTX 3060": 51, "H100": 989}\nprint(f"{x / 86400:.1f} days")'
-    assert _PEAK_DICT.findall(old_code) and _quotes_training_time("", old_code) and not _uses_the_module(old_code)
+    wrong_code = 'peaks = {"RTX 3060": 51, "H100": 989}\nprint(f"{x / 86400:.1f} days")'
+    assert _PEAK_DICT.findall(wrong_code) and _quotes_training_time("", wrong_code) and not _uses_the_module(wrong_code)
     assert _uses_the_module("from dit_core.measure import estimates\n")

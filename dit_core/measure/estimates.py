@@ -15,8 +15,9 @@ An estimate here is always
   checks every figure against those files). An MFU measured on one card does not carry over exactly to another
   (memory bandwidth, clock and kernel choice differ), which is why every result is labelled an estimate.
 
-``python -m dit_core.measure.estimates`` prints the table that ``book/intro.md`` shows (and the test checks that
-it still does). Chapters compute theirs with :func:`training_estimate` and :func:`sampling_seconds_per_image`.
+``python -m dit_core.measure.estimates`` prints the table that chapter 06 shows (:func:`markdown_table`; a
+markdown page that quotes a training time must hold it verbatim, tests/test_estimates.py checks). Chapters compute
+their figures with :func:`training_estimate` and :func:`sampling_seconds_per_image`.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def training_table(steps: int = PAPER_STEPS, global_batch: int = GLOBAL_BATCH) -
 
 
 def markdown_table(steps: int = PAPER_STEPS, global_batch: int = GLOBAL_BATCH) -> str:
-    """The training-time table as MyST markdown (``book/intro.md`` holds this text verbatim)."""
+    """The training-time table as MyST markdown (chapter 06 displays it; a page that quotes it holds it verbatim)."""
     lines = [f"| card | dense bf16 peak | profile | MFU measured in that configuration | images/s (estimate) "
              f"| {steps // 1000}K steps x {global_batch} (estimate) |",
              "|---|---|---|---|---|---|"]

@@ -375,6 +375,8 @@ def run_benchmark(spec: BenchSpec, rungs: list | None = None, isolate: bool = Tr
             if progress:
                 print(f"dit-bench: {rung.key:<12} {rung.label} ...", file=sys.stderr, flush=True)
             row = measure_rung_isolated(spec, rung, timeout) if isolate else measure_rung(spec, rung)
+            if not isolate and row.get("peak_kind", "").startswith("peak RSS"):  # the process's, not the rung's
+                row.update(peak_bytes=None, peak_kind="none: the rungs share one process (see tensor_peak_bytes)")
             if progress:
                 print(f"dit-bench: {rung.key:<12} {row_summary(row)}", file=sys.stderr, flush=True)
             passes[rung.key].append(row)

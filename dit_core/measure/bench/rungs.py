@@ -27,8 +27,8 @@ rung (key)       what changes
                  it would count TF32, which the official code already has, as a trick of ours
 ===============  =============================================================================================
 
-Beyond the fast-DiT ladder, rungs that each change one thing of ``all-no-ckpt`` (issue 16, closer to the
-hardware; ``benchmarks/gpu_speed.sh`` measures them):
+Beyond the fast-DiT ladder, rungs closer to the hardware, each changing one thing of ``all-no-ckpt``
+(``benchmarks/gpu_speed.sh`` measures them):
 
 =========================  ===================================================================================
 ``compile-model``          ``torch.compile`` of the whole model as one graph (embeddings, final layer and every
@@ -115,7 +115,8 @@ RUNGS = {
 }
 
 
-#: The rungs of issue 16 that a GPU ladder adds to :func:`default_rungs` (chapter 06; ``benchmarks/gpu_speed.sh``).
+#: The rungs closer to the hardware that a GPU ladder adds to :func:`default_rungs` (chapter 06;
+#: ``benchmarks/gpu_speed.sh``).
 HARDWARE_RUNGS = ("compile-model", "attn-cudnn", "ema-every-4", "fastest")
 
 
