@@ -374,8 +374,8 @@ def plan_ladder(spec: BenchSpec, rungs: list, card_gib: float | None, device_typ
         else:
             spec = sized
             if (spec.model, spec.batch_size) != asked:
-                notes.append(f"sized: {spec.model} at batch {spec.batch_size} (asked for {asked[0]} at batch {asked[1]}),"
-                             f" the largest at which the reference, {ref_rung.label}, fits")
+                notes.append(f"sized: {spec.model} at batch {spec.batch_size} (asked for {asked[0]} at batch "
+                             f"{asked[1]}), the largest at which the reference, {ref_rung.label}, fits")
             else:
                 notes.append(f"{spec.model} at batch {spec.batch_size}: the reference fits as asked")
     rows = []

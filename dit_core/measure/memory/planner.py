@@ -114,7 +114,8 @@ def plan(
 
     The budget is ``gpu_memory x (1 - margin) - reserved_gib``: ``reserved_gib`` stands for the CUDA context
     and library workspaces that ``max_memory_allocated`` does not count, ``margin`` for the caching
-    allocator's fragmentation. For every micro-batch that divides ``global_batch`` the planner takes the
+    allocator's fragmentation. With ``vae_in_loop`` the encoder's tensors are counted but not cuDNN's
+    convolution workspace (:func:`~.estimator.vae_encode_bytes`). For every micro-batch that divides ``global_batch`` the planner takes the
     fewest checkpointed blocks that fit, estimates the time per image (:func:`relative_step_time`) and keeps
     the fastest; ties go to the larger micro-batch.
     """
@@ -155,6 +156,9 @@ def plan(
         f"activations per sample: {act0.per_sample / 2**20:.1f} MiB without checkpointing, "
         f"{act_all.per_sample / 2**20:.1f} MiB with every block checkpointed",
     ]
+    if vae_in_loop:
+        lines.append("VAE in the loop: its weights and tensors are counted, not the convolution workspace cuDNN "
+                     "takes, which grows with the free memory (measured on a GPU: chapter 06)")
     if best is None:
         lines.append(
             f"does not fit: even micro-batch 1 with all {shape.depth} blocks checkpointed needs "
