@@ -118,24 +118,6 @@ def test_the_clean_test_passes_every_real_shape_and_fails_specks_and_holes():
     assert fake["clean_accuracy"] < 0.2 and set(fake["per_class_clean_accuracy"]) <= set(DEFAULT_CLASSES)
 
 
-def test_blank_test_passes_no_real_shape_and_finds_a_plain_background():
-    """A sample with no shape (just background) is blank; no real image is, at the judge's size or at 16 px."""
-    from dit_core.eval.shapes import is_blank
-
-    judge = classifier()
-    xv, _ = judge.real_images("val")
-    assert not is_blank(xv).any()
-    small, _ = real_shapes(DEFAULT_CLASSES, per_class=100, seed=0, image_size=16)
-    assert not is_blank(small).any()
-    plain = xv[:4].clone()
-    plain[:] = plain[:, :, :1, :1]  # each image's corner colour everywhere
-    plain[1] += 0.05 * torch.randn_like(plain[1])  # a little grain is still no shape
-    far = torch.where(plain[:, :, :1, :1] > 0, -1.0, 1.0)  # the corner colour's opposite in every channel
-    plain[2, :, 10:12, 10:12] = far[2]  # 4 far pixels of 1,024: below 2 %
-    plain[3, :, 8:20, 8:20] = far[3]  # a 12 x 12 block: a shape
-    assert is_blank(plain).tolist() == [True, True, True, False]
-
-
 def test_frechet_distance_orders_degradations():
     import torch.nn.functional as F
 

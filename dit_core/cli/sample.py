@@ -34,6 +34,8 @@ OFFICIAL = dict(sampler="ddpm", steps=250, cfg_scale=1.5, guidance_channels=3, v
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dit_core.diffusion import SAMPLERS
+
     p = argparse.ArgumentParser(prog="dit-sample", description=__doc__.splitlines()[0].strip("`: "),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--ckpt", required=True, help="run folder, checkpoint (.pt/.safetensors) or diffusers folder")
@@ -47,15 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the official FID settings: ddpm 250 steps, cfg 1.5 on 3 channels, ema VAE, uniform labels, "
                    "fp32 + TF32, 50000 samples with --npz")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (1: none)")
-    p.add_argument("--cfg-schedule", choices=("constant", "linear"), default=None,
-                   help="guidance along the path: constant, or linear from 1 at pure noise to 2 x cfg-scale - 1 at "
-                        "the image (default: the run's sample_cfg_schedule, else constant)")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
-    p.add_argument("--sampler", default=None, help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun, "
-                                                  "euler-maruyama or euler-langevin (Euler with Langevin corrector "
-                                                  "steps)")
-    p.add_argument("--steps", type=int, default=None, help="sampling steps (ddpm 250, ddim 50, dpm-solver++ 25)")
+    p.add_argument("--sampler", default=None, choices=list(SAMPLERS),
+                   help="ddpm, ddim or dpm-solver++; a flow model: euler (= ddim), heun or euler-maruyama")
+    p.add_argument("--steps", type=int, default=None,
+                   help="sampling steps (ddpm 250; else " + ", ".join(f"{k} {v[1]}" for k, v in SAMPLERS.items() if v[1])
+                        + ")")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM noise (0: deterministic)")
     p.add_argument("--seed", type=int, default=0, help="sample i uses seed + i, whatever the batch size")
     p.add_argument("--vae", default=None, help="VAE id or folder for latent models (default: the checkpoint's)")
@@ -99,8 +99,8 @@ def _check_arguments(args) -> str | None:
 def _settings(args, info, model) -> dict:
     """The sampling settings, from the flags, --official, and what the checkpoint says; with a note on where
     they come from when that is not obvious (an official checkpoint, a model without null class)."""
+    from dit_core.diffusion import SAMPLERS
     from dit_core.sample import has_null_class
-    from dit_core.sample.samplers import DEFAULT_STEPS
 
     base = dict(info)
     notes = []
@@ -119,9 +119,8 @@ def _settings(args, info, model) -> dict:
     s = {}
     s["sampler"] = args.sampler or base.get("sampler") or "ddpm"
     s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
-        (250 if s["sampler"] == "ddpm" else DEFAULT_STEPS.get(s["sampler"], 25))  # ddpm: the paper's 250
+        (SAMPLERS[s["sampler"]][1] or 250)  # ddpm: the paper's 250
     s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
-    s["cfg_schedule"] = args.cfg_schedule or base.get("cfg_schedule") or "constant"
     s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \
         base.get("guidance_channels")
     s["vae"] = (args.vae or base.get("vae")) if info.get("space") == "latent" else None
@@ -142,13 +141,12 @@ def _settings(args, info, model) -> dict:
 
 def _settings_note(args, s: dict, how: dict, amp: str, device) -> str:
     """One line: the settings in use and where they come from (printed for an official checkpoint or mode)."""
-    changed = [k for k in ("sampler", "steps", "cfg_scale", "cfg_schedule", "guidance_channels", "vae", "labels",
+    changed = [k for k in ("sampler", "steps", "cfg_scale", "guidance_channels", "vae", "labels",
                            "precision") if getattr(args, k, None) is not None]
     labels = (f"{how['num_samples']} {how['labels']} labels" if how["labels"] != "classes" else
               f"{how['per_class']} per class")
     tf32 = " + TF32" if args.official and device.type == "cuda" else ""
-    schedule = f" ({s['cfg_schedule']})" if s.get("cfg_schedule", "constant") != "constant" else ""
-    return (f"settings: {s['sampler']}, {s['steps']} steps, cfg {s['cfg_scale']}{schedule}, guidance on "
+    return (f"settings: {s['sampler']}, {s['steps']} steps, cfg {s['cfg_scale']}, guidance on "
             f"{s['guidance_channels'] or 'all'} channels, VAE {s['vae']}, {labels}, {amp}{tf32}: {s['source']}"
             + (f"; overridden: {', '.join('--' + k.replace('_', '-') for k in changed)}" if changed else ""))
 
@@ -232,7 +230,7 @@ def main(argv=None) -> int:
     # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
     diffusion = process_of(info, model.learn_sigma)
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
-    options = dict(cfg_scale=settings["cfg_scale"], cfg_schedule=settings["cfg_schedule"], sampler=settings["sampler"],
+    options = dict(cfg_scale=settings["cfg_scale"], sampler=settings["sampler"],
                    steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp,
                    device=device, batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
     names = info.get("label_names")
@@ -241,8 +239,6 @@ def main(argv=None) -> int:
                    sampler=settings["sampler"], steps=settings["steps"], cfg_scale=settings["cfg_scale"],
                    guidance_channels=settings["guidance_channels"], eta=args.eta, seed=args.seed, precision=amp,
                    vae=settings["vae"], device=str(device), batch_size=batch_size)
-    if settings["cfg_schedule"] != "constant":  # recorded when used: shard folders of constant runs stay resumable
-        summary["cfg_schedule"] = settings["cfg_schedule"]
     if how["labels"] != "classes" or n > 64:
         summary["classes"] = None if how["classes"] is None else f"{len(how['classes'])} classes"
 

@@ -300,7 +300,6 @@ def _read_manifest(out_dir: Path) -> dict | None:
         manifest = json.loads((out_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    manifest.setdefault("rotation", "any")  # folders written before the option hold shapes at any angle
     return manifest
 
 

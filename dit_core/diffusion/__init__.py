@@ -17,12 +17,14 @@ Modules: :mod:`.schedule` (betas), :mod:`.gaussian` (the process, losses, sample
 velocity prediction, ``objective: flow``, and its ODE/SDE samplers; :func:`create_process` picks one of the two).
 """
 
-from .flow import LinearInterpolant
+from .flow import FLOW_ALIASES, LinearInterpolant
 from .gaussian import GaussianDiffusion, LossType, ModelMeanType, ModelVarType
 from .respace import SpacedDiffusion, space_timesteps
 from .schedule import get_named_beta_schedule
 
 __all__ = [
+    "SAMPLERS",
+    "sampler_objective",
     "create_diffusion",
     "create_process",
     "process_of",
@@ -35,6 +37,33 @@ __all__ = [
     "ModelMeanType",
     "ModelVarType",
 ]
+
+#: Every sampler, the one registry the config, ``dit-sample`` and :func:`dit_core.sample.generate` read: the
+#: objective whose models it samples (``ddpm``: DiT's Gaussian diffusion, :mod:`.gaussian`; ``flow``: the linear
+#: interpolant, :mod:`.flow`) and its number of steps when none is given (``None``: all of the diffusion's).
+#: ``ddim`` samples a flow model too, as Euler (:data:`.flow.FLOW_ALIASES`).
+SAMPLERS = {
+    "ddpm": ("ddpm", None),
+    "ddim": ("ddpm", 50),
+    "dpm-solver++": ("ddpm", 25),  # Lu et al. 2022, through diffusers
+    "euler": ("flow", 50),
+    "heun": ("flow", 25),
+    "euler-maruyama": ("flow", 250),
+}
+
+
+def sampler_objective(sampler: str, objective: str) -> str:
+    """``sampler`` checked against the model's ``objective`` (a clear error for a mismatch); returns the name
+    the sampler goes by for that objective (``ddim`` of a flow model is ``euler``)."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}: choose one of {', '.join(SAMPLERS)}")
+    if objective == "flow" and sampler in FLOW_ALIASES:
+        return FLOW_ALIASES[sampler]
+    if SAMPLERS[sampler][0] != objective:
+        fits = [name for name, (kind, _) in SAMPLERS.items() if kind == objective or (objective == "flow" and name in FLOW_ALIASES)]
+        raise ValueError(f"sampler {sampler!r} does not sample a model trained with objective {objective!r}: use one "
+                         f"of {', '.join(fits)}")
+    return sampler
 
 
 def create_diffusion(
@@ -82,16 +111,15 @@ def create_diffusion(
     )
 
 
-def create_process(objective="ddpm", noise_schedule="linear", learn_sigma=True, diffusion_steps=1000,
-                   flow_prediction="velocity"):
+def create_process(objective="ddpm", noise_schedule="linear", learn_sigma=True, diffusion_steps=1000):
     """The process a model was trained with, for training and sampling it: DiT's Gaussian diffusion over all
     ``diffusion_steps`` (``objective="ddpm"``, :func:`create_diffusion`) or the linear interpolant
     (``objective="flow"``, :class:`~dit_core.diffusion.flow.LinearInterpolant`; it has no schedule and no
-    learned variance; ``flow_prediction``: what the network outputs, the velocity or the clean image)."""
+    learned variance)."""
     if objective == "flow":
         if learn_sigma:
             raise ValueError("objective 'flow' predicts a velocity only: build the model with learn_sigma=False")
-        return LinearInterpolant(flow_prediction)
+        return LinearInterpolant()
     if objective != "ddpm":
         raise ValueError(f"objective must be 'ddpm' or 'flow', got {objective!r}")
     return create_diffusion("", noise_schedule=noise_schedule, learn_sigma=learn_sigma,
@@ -100,8 +128,7 @@ def create_process(objective="ddpm", noise_schedule="linear", learn_sigma=True, 
 
 def process_of(info: dict, learn_sigma: bool):
     """:func:`create_process` for a trained model, from its run's config or :func:`dit_core.sample.load_model`'s
-    ``info`` (the keys ``objective``, ``noise_schedule``, ``diffusion_steps``, ``flow_prediction``; DiT's
-    defaults where one is missing)."""
+    ``info`` (the keys ``objective``, ``noise_schedule`` and ``diffusion_steps``; DiT's defaults where one is
+    missing)."""
     return create_process(info.get("objective", "ddpm"), noise_schedule=info.get("noise_schedule", "linear"),
-                          learn_sigma=learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000),
-                          flow_prediction=info.get("flow_prediction", "velocity"))
+                          learn_sigma=learn_sigma, diffusion_steps=info.get("diffusion_steps", 1000))

@@ -11,17 +11,6 @@ spans for DiT's 1000 diffusion steps, noisier inputs at larger timesteps as with
 
 From one velocity prediction both ends of the path follow: ``x_0 = x_t - t v`` and ``eps = x_t + (1 - t) v``.
 
-**What the network outputs** (``prediction``): the velocity itself (``"velocity"``, SiT), or the clean image
-(``"data"``, JiT: Li & He 2025, "Back to Basics: Let Denoising Generative Models Denoise", arXiv 2511.13720),
-from which ``v = (x_t - x_0) / t``. The loss is the velocity MSE either way; for a data prediction it reads
-``|x_0' - x_0|^2 / t^2``, its weight capped at ``1 / T_MIN^2`` near the data end (JiT bounds the same
-denominator with its ``t_eps``).
-The two are the same function of the network's output up to that weight, but not the same thing to learn: a
-velocity is half noise, spread over every pixel direction, while clean images lie on a far smaller set, so a
-network too narrow for its patches can still predict them (JiT's argument, made for patches of 16x16 and
-32x32 pixels at 256-512 px). With 2x2-pixel patches in a 128-wide token (the ``small-images`` profile) it did
-not help: see that profile's YAML file for the figures.
-
 **Sampling** integrates the probability-flow ODE ``dx/dt = v(x, t)`` from ``t = 1`` (pure noise) down to ``t = 0``
 on ``steps`` equal intervals:
 
@@ -36,32 +25,17 @@ on ``steps`` equal intervals:
   ``x_{t-h} = x_t - h (v + eps/2) + sqrt(t h) z``; the last interval is the deterministic step to
   ``x_0 = x_t - t v``, so the sample carries no fresh noise. SiT's SDE sampler is the same idea with its own
   choices of ``g`` (SiT's default is a form it calls "sigma") and a last step of 0.04;
-* ``euler-langevin``: Euler, and after each step that reaches a time ``t`` in :data:`LANGEVIN_WINDOW`,
-  :data:`LANGEVIN_STEPS` Langevin corrector steps at that time (predictor-corrector sampling, Song et al. 2021,
-  "Score-Based Generative Modeling through Stochastic Differential Equations", section 4.2):
-  ``x <- x + d s + sqrt(2 d) z`` with the score ``s = -eps/t`` and the step ``d = 2 (r sqrt(D) / |s|)^2`` per
-  sample of ``D`` numbers,
-  ``r`` = :data:`LANGEVIN_SNR` (their signal-to-noise rule). At the same ``steps`` it calls the model ~2.5x as
-  often as Euler. The corrector pulls each sample back towards where the (guided) model puts its mass at that
-  time, so a sample that hesitates between two modes commits to one: on the ``small-images`` shapes it put ~1.4
-  points more samples in their class over six models, at a larger distance to the real images (less variety);
-  that profile's YAML file has the figures.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .losses import mean_flat
+
 #: Flow samplers, and the other names accepted for them.
-FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama", "euler-langevin")
+FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")
 FLOW_ALIASES = {"ddim": "euler", "sde": "euler-maruyama", "ode": "euler"}
-#: ``euler-langevin``: corrector steps after each Euler step that lands in this time window (our choice, measured on
-#: the small-images shapes: the other windows, step counts and sizes tried there helped less or no more),
-LANGEVIN_WINDOW = (0.1, 0.6)
-#: this many corrector steps there,
-LANGEVIN_STEPS = 3
-#: and the signal-to-noise ratio ``r`` that sets their size.
-LANGEVIN_SNR = 0.1
 
 
 def flow_sampler_name(name: str) -> str:
@@ -75,12 +49,6 @@ def flow_sampler_name(name: str) -> str:
             f"'flow' (it predicts a velocity, not noise); use one of {', '.join(FLOW_SAMPLERS)} (ddim = euler)"
         )
     return key
-
-
-#: What the network may output: the velocity (SiT) or the clean image (JiT).
-FLOW_PREDICTIONS = ("velocity", "data")
-#: The smallest ``t`` in the data prediction's loss weight ``1 / t^2`` (our choice; JiT bounds it with its ``t_eps``).
-T_MIN = 0.05
 
 
 def _bcast(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -99,23 +67,9 @@ class LinearInterpolant:
     is_interpolant = True
     num_timesteps = 1000
 
-    def __init__(self, prediction: str = "velocity"):
-        if prediction not in FLOW_PREDICTIONS:
-            raise ValueError(f"flow_prediction must be one of {', '.join(FLOW_PREDICTIONS)}, got {prediction!r}")
-        self.prediction = prediction
-
-    def velocity(self, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The velocity that the network's output ``out`` at ``(x_t, t)`` stands for (``t`` > 0, shape (N,))."""
-        if self.prediction == "velocity":
-            return out
-        return (x_t - out) / _bcast(t, x_t)
-
-    def loss_map(self, x_start: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The squared velocity error of each element (shape of ``x_start``); for a data prediction
-        ``(out - x_0)^2 / max(t, T_MIN)^2``."""
-        if self.prediction == "velocity":
-            return (self.velocity_target(x_start, noise) - out) ** 2
-        return (out - x_start) ** 2 / _bcast(t.clamp(min=T_MIN), x_start) ** 2
+    def loss_map(self, x_start: torch.Tensor, noise: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The squared velocity error of each element (shape of ``x_start``)."""
+        return (self.velocity_target(x_start, noise) - out) ** 2
 
     def model_time(self, t: torch.Tensor) -> torch.Tensor:
         """The timestep the DiT sees for time ``t``: ``1000 t``."""
@@ -132,25 +86,18 @@ class LinearInterpolant:
         return noise - x_start
 
     @staticmethod
-    def x0_from_velocity(x_t: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return x_t - _bcast(t, x_t) * v
-
-    @staticmethod
-    def eps_from_velocity(x_t: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return x_t + (1 - _bcast(t, x_t)) * v
-
-    @staticmethod
     def snr(t: torch.Tensor) -> torch.Tensor:
         """Signal-to-noise ratio of ``x_t``: ``((1 - t) / t)^2`` (infinite at the data end)."""
         return ((1 - t) / t) ** 2
 
-    def training_losses(self, model, x_start, t, model_kwargs=None, noise=None):
-        """Per-example velocity MSE at continuous times ``t`` (N,) in [0, 1]: ``{"loss", "mse"}``, each (N,)."""
+    def training_losses(self, model, x_start, t, model_kwargs=None, noise=None, reduce=mean_flat):
+        """Per-example velocity MSE at continuous times ``t`` (N,) in [0, 1]: ``{"loss", "mse"}``, each (N,).
+        ``reduce`` turns the elementwise squared error into one number per example (default: the mean)."""
         if noise is None:
             noise = torch.randn_like(x_start)
         x_t = self.path(x_start, noise, t)
         out = model(x_t, self.model_time(t), **(model_kwargs or {}))
-        mse = self.loss_map(x_start, noise, t, out).mean(dim=tuple(range(1, x_start.dim())))
+        mse = reduce(self.loss_map(x_start, noise, out))
         return {"loss": mse, "mse": mse}
 
 
@@ -160,27 +107,6 @@ def time_grid(steps: int) -> list[float]:
     if steps < 1:
         raise ValueError(f"a flow sampler needs at least 1 step, got {steps}")
     return [1.0 - i / steps for i in range(steps + 1)]
-
-
-def langevin_correct(velocity, x: torch.Tensor, t: float, noise, steps: int = LANGEVIN_STEPS,
-                     snr: float = LANGEVIN_SNR) -> torch.Tensor:
-    """``steps`` Langevin steps at time ``t`` (0 < t < 1) towards the model's marginal there (``euler-langevin``,
-    the module docstring): ``x <- x + d s + sqrt(2 d) z``, ``s = -(x + (1 - t) v) / t``, and for each sample
-    ``d = 2 (snr sqrt(D) / |s|)^2`` with ``D`` the numbers in a sample, the expected ``|z|^2``. (Song et al. size
-    the step with the drawn ``|z|`` itself; on one sample that ties the step to its own noise and widens the
-    stationary law by a factor ``(D + 2) / D`` in variance: 12 % for D = 16, nothing to see for an image. Through
-    ``|s|`` the step still depends on the sample, which widens the law a little where D is small: with the exact
-    velocity of Gaussian data, 20 steps at t = 0.4 left a standard deviation 3.6 % too wide for D = 16 and 0.3 %
-    for D = 768, a 16x16x3 image.)"""
-    tt = torch.full((len(x),), t, device=x.device)
-    size = x[0].numel() ** 0.5
-    for _ in range(steps):
-        score = -(x + (1 - t) * velocity(x, tt)) / t
-        z = noise(x.shape[1:])
-        ratio = size / score.flatten(1).norm(dim=1).clamp_min(1e-12)
-        d = (2 * (snr * ratio) ** 2).reshape(-1, *([1] * (x.dim() - 1))).to(x.dtype)
-        x = x + d * score + (2 * d).sqrt() * z
-    return x
 
 
 def sample_flow(velocity, x: torch.Tensor, *, sampler: str = "euler", steps: int = 50, noise=None,
@@ -204,10 +130,8 @@ def sample_flow(velocity, x: torch.Tensor, *, sampler: str = "euler", steps: int
         tt = torch.full((len(x),), t, device=x.device)
         v = velocity(x, tt)
         x0 = x - t * v
-        if sampler in ("euler", "euler-langevin") or (sampler == "heun" and k == n - 1):
+        if sampler == "euler" or (sampler == "heun" and k == n - 1):
             x = x - h * v
-            if sampler == "euler-langevin" and k < n - 1 and LANGEVIN_WINDOW[0] <= s <= LANGEVIN_WINDOW[1]:
-                x = langevin_correct(velocity, x, s, noise)
         elif sampler == "heun":
             x_pred = x - h * v
             v2 = velocity(x_pred, torch.full((len(x),), s, device=x.device))

@@ -313,44 +313,22 @@ class GaussianDiffusion:
             mean = self._posterior_mean(x0, x, t)
         return {"mean": mean, "variance": variance, "log_variance": log_variance, "pred_xstart": x0}
 
-    def condition_mean(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
-        """Classifier guidance on the mean: mu + Sigma * grad log p(y | x_t) (Dhariwal & Nichol 2021, Alg. 1).
-
-        ``cond_fn(x, t, **model_kwargs)`` returns that gradient.
-        """
-        gradient = self._run(cond_fn, x, t, model_kwargs)
-        return p_mean_var["mean"].float() + p_mean_var["variance"] * gradient.float()
-
-    def condition_score(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
-        """Classifier guidance for DDIM: eps <- eps - sqrt(1 - alpha_bar_t) * grad (Dhariwal & Nichol 2021, Alg. 2).
-
-        Returns a copy of ``p_mean_var`` with ``pred_xstart`` and ``mean`` recomputed from the shifted eps.
-        """
-        alpha_bar = self._at("alpha_bar", t, x)
-        eps = self._eps_from_x0(x, t, p_mean_var["pred_xstart"])
-        eps = eps - (1 - alpha_bar).sqrt() * self._run(cond_fn, x, t, model_kwargs)
-        out = dict(p_mean_var)
-        out["pred_xstart"] = self._x0_from_eps(x, t, eps)
-        out["mean"], _, _ = self.q_posterior_mean_variance(out["pred_xstart"], x, t)
-        return out
-
     # ------------------------------------------------------------------ ancestral (DDPM) sampling
 
-    def p_sample(self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None):
-        """One ancestral step: x_{t-1} = mu_theta + sigma_t z, with no noise at t = 0 (DDPM Alg. 2).
+    def p_sample(self, model, x, t, clip_denoised=True, denoised_fn=None, model_kwargs=None, noise=None):
+        """One ancestral step: x_{t-1} = mu_theta + sigma_t z, with no noise at t = 0 (DDPM Alg. 2); ``noise``:
+        the draw z (default: fresh N(0, I)).
 
         :return: dict with ``sample`` (x_{t-1}) and ``pred_xstart``.
         """
         out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
-        if cond_fn is not None:
-            out["mean"] = self.condition_mean(cond_fn, out, x, t, model_kwargs)
-        noise = torch.randn_like(x)
+        noise = torch.randn_like(x) if noise is None else noise
         nonzero_mask = (t != 0).to(x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
         sample = out["mean"] + nonzero_mask * torch.exp(0.5 * out["log_variance"]) * noise
         return {"sample": sample, "pred_xstart": out["pred_xstart"]}
 
     def p_sample_loop(
-        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None, cond_fn=None,
+        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None,
         model_kwargs=None, device=None, progress=False,
     ):
         """Sample x_0 with DDPM Alg. 2, starting from ``noise`` (or fresh N(0, I) noise of ``shape``).
@@ -360,84 +338,66 @@ class GaussianDiffusion:
         final = None
         for final in self.p_sample_loop_progressive(
             model, shape, noise=noise, clip_denoised=clip_denoised, denoised_fn=denoised_fn,
-            cond_fn=cond_fn, model_kwargs=model_kwargs, device=device, progress=progress,
+            model_kwargs=model_kwargs, device=device, progress=progress,
         ):
             pass
         return final["sample"]
 
     def p_sample_loop_progressive(
-        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None, cond_fn=None,
+        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None,
         model_kwargs=None, device=None, progress=False,
     ):
         """Like :meth:`p_sample_loop` but yields the dict of every step (``sample``, ``pred_xstart``)."""
         yield from self._sample_loop_progressive(
             self.p_sample, model, shape, noise, device, progress,
-            clip_denoised=clip_denoised, denoised_fn=denoised_fn, cond_fn=cond_fn, model_kwargs=model_kwargs,
+            clip_denoised=clip_denoised, denoised_fn=denoised_fn, model_kwargs=model_kwargs,
         )
 
     # ------------------------------------------------------------------ DDIM sampling
 
     def ddim_sample(
-        self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None, eta=0.0,
+        self, model, x, t, clip_denoised=True, denoised_fn=None, model_kwargs=None, eta=0.0, noise=None,
     ):
         """One DDIM step (Song et al. 2021, eq. 12).
 
         x_{t-1} = sqrt(alpha_bar_{t-1}) x0_pred + sqrt(1 - alpha_bar_{t-1} - sigma^2) eps_pred + sigma z, with
         sigma = eta * sqrt((1 - alpha_bar_{t-1}) / (1 - alpha_bar_t)) * sqrt(1 - alpha_bar_t / alpha_bar_{t-1})
-        (eq. 16). ``eta=0`` is deterministic; ``eta=1`` matches DDPM's posterior variance.
+        (eq. 16). ``eta=0`` is deterministic; ``eta=1`` matches DDPM's posterior variance. ``noise``: the draw z
+        (default: fresh N(0, I)).
         """
         out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
-        if cond_fn is not None:
-            out = self.condition_score(cond_fn, out, x, t, model_kwargs)
         # Re-derive eps from the (possibly clipped) x_0 prediction so the two stay consistent.
         eps = self._eps_from_x0(x, t, out["pred_xstart"])
         alpha_bar = self._at("alpha_bar", t, x)
         alpha_bar_prev = self._at("alpha_bar_prev", t, x)
         sigma = eta * torch.sqrt((1 - alpha_bar_prev) / (1 - alpha_bar)) * torch.sqrt(1 - alpha_bar / alpha_bar_prev)
-        noise = torch.randn_like(x)
+        noise = torch.randn_like(x) if noise is None else noise
         mean_pred = out["pred_xstart"] * torch.sqrt(alpha_bar_prev) + torch.sqrt(1 - alpha_bar_prev - sigma**2) * eps
         nonzero_mask = (t != 0).to(x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
         sample = mean_pred + nonzero_mask * sigma * noise
         return {"sample": sample, "pred_xstart": out["pred_xstart"]}
 
-    def ddim_reverse_sample(
-        self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None, eta=0.0,
-    ):
-        """One deterministic DDIM step forward in time, x_t -> x_{t+1} (Song et al. 2021, eq. 13 run backwards).
-
-        Used to encode an image into noise ("DDIM inversion"). Only ``eta=0`` is defined.
-        """
-        if eta != 0.0:
-            raise ValueError(f"ddim_reverse_sample is only defined for eta=0 (deterministic), got eta={eta}.")
-        out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
-        if cond_fn is not None:
-            out = self.condition_score(cond_fn, out, x, t, model_kwargs)
-        eps = self._eps_from_x0(x, t, out["pred_xstart"])
-        alpha_bar_next = self._at("alpha_bar_next", t, x)
-        mean_pred = out["pred_xstart"] * torch.sqrt(alpha_bar_next) + torch.sqrt(1 - alpha_bar_next) * eps
-        return {"sample": mean_pred, "pred_xstart": out["pred_xstart"]}
-
     def ddim_sample_loop(
-        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None, cond_fn=None,
+        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None,
         model_kwargs=None, device=None, progress=False, eta=0.0,
     ):
         """Sample x_0 with DDIM; see :meth:`ddim_sample`. Returns the final sample."""
         final = None
         for final in self.ddim_sample_loop_progressive(
             model, shape, noise=noise, clip_denoised=clip_denoised, denoised_fn=denoised_fn,
-            cond_fn=cond_fn, model_kwargs=model_kwargs, device=device, progress=progress, eta=eta,
+            model_kwargs=model_kwargs, device=device, progress=progress, eta=eta,
         ):
             pass
         return final["sample"]
 
     def ddim_sample_loop_progressive(
-        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None, cond_fn=None,
+        self, model, shape, noise=None, clip_denoised=True, denoised_fn=None,
         model_kwargs=None, device=None, progress=False, eta=0.0,
     ):
         """Like :meth:`ddim_sample_loop` but yields the dict of every step (``sample``, ``pred_xstart``)."""
         yield from self._sample_loop_progressive(
             self.ddim_sample, model, shape, noise, device, progress,
-            clip_denoised=clip_denoised, denoised_fn=denoised_fn, cond_fn=cond_fn, model_kwargs=model_kwargs,
+            clip_denoised=clip_denoised, denoised_fn=denoised_fn, model_kwargs=model_kwargs,
             eta=eta,
         )
 
@@ -475,18 +435,18 @@ class GaussianDiffusion:
 
     # ------------------------------------------------------------------ losses
 
-    def _vb_term(self, reverse, x_start, x_t, t):
+    def _vb_term(self, reverse, x_start, x_t, t, reduce=mean_flat):
         """One term of the variational bound, in bits per dimension (DDPM eq. 5), for the reverse step
         ``reverse`` (a :meth:`p_mean_variance` result): L_{t-1} = KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t))
         for t > 0, and the decoder negative log-likelihood L_0 = -log p(x_0 | x_1) at t = 0 (DDPM eq. 13).
-        Shape (N,)."""
+        Shape (N,), each example's map reduced by ``reduce``."""
         true_mean, _, true_log_variance = self.q_posterior_mean_variance(x_start, x_t, t)
-        kl = mean_flat(normal_kl(true_mean, true_log_variance, reverse["mean"], reverse["log_variance"]))
+        kl = reduce(normal_kl(true_mean, true_log_variance, reverse["mean"], reverse["log_variance"]))
         nll = -discretized_gaussian_log_likelihood(x_start, means=reverse["mean"],
                                                    log_scales=0.5 * reverse["log_variance"])
-        return torch.where(t == 0, mean_flat(nll), kl) / math.log(2.0)
+        return torch.where(t == 0, reduce(nll), kl) / math.log(2.0)
 
-    def training_losses(self, model, x_start, t, model_kwargs=None, noise=None):
+    def training_losses(self, model, x_start, t, model_kwargs=None, noise=None, reduce=mean_flat):
         """Training loss for each example of a batch, at the given timesteps.
 
         With DiT's settings (predict eps, learned-range variance, ``LossType.MSE``) this is the hybrid loss
@@ -498,6 +458,8 @@ class GaussianDiffusion:
         :param x_start: clean data x_0, shape (N, C, ...).
         :param t: long tensor of shape (N,) with timestep indices in 0..T-1.
         :param noise: optional eps to use instead of fresh N(0, I) noise.
+        :param reduce: turns each elementwise map ``(N, C, H, W)`` into one number per example (default: the
+            mean; masked training averages over the kept tokens, :func:`dit_core.train.objectives.token_mean`).
         :return: dict of tensors of shape (N,): ``loss`` and, for MSE losses, ``mse`` (and ``vb`` when the
             variance is learned).
         """
@@ -506,7 +468,7 @@ class GaussianDiffusion:
         x_t = self.q_sample(x_start, t, noise=noise)
         output = self._run(model, x_t, t, model_kwargs)
         if self.loss_type.is_vb():
-            loss = self._vb_term(self._reverse(output, x_t, t), x_start, x_t, t)
+            loss = self._vb_term(self._reverse(output, x_t, t), x_start, x_t, t, reduce)
             return {"loss": loss * self.num_timesteps if self.loss_type == LossType.RESCALED_KL else loss}
 
         terms = {}
@@ -515,7 +477,7 @@ class GaussianDiffusion:
             # Stop the gradient of L_vlb into the mean (Improved DDPM Sec. 3.1): the variance values keep
             # their graph, the mean prediction does not.
             frozen = torch.cat([prediction.detach(), var_values], dim=1)
-            terms["vb"] = self._vb_term(self._reverse(frozen, x_t, t), x_start, x_t, t)
+            terms["vb"] = self._vb_term(self._reverse(frozen, x_t, t), x_start, x_t, t, reduce)
             if self.loss_type == LossType.RESCALED_MSE:
                 # L_vlb is a sum over T terms, L_simple a mean: keep their balance when T != 1000.
                 terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
@@ -525,43 +487,6 @@ class GaussianDiffusion:
             target = x_start
         else:
             target = self.q_posterior_mean_variance(x_start, x_t, t)[0]
-        terms["mse"] = mean_flat((target - prediction) ** 2)
+        terms["mse"] = reduce((target - prediction) ** 2)
         terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
         return terms
-
-    def _prior_term(self, x_start):
-        """KL(q(x_T | x_0) || N(0, I)) in bits per dimension: the prior term L_T (DDPM eq. 5).
-
-        It has no parameters, so it only matters for reporting the full bound.
-        """
-        t = torch.full((x_start.shape[0],), self.num_timesteps - 1, device=x_start.device, dtype=torch.long)
-        qt_mean, _, qt_log_variance = self.q_mean_variance(x_start, t)
-        return mean_flat(normal_kl(qt_mean, qt_log_variance, 0.0, 0.0)) / math.log(2.0)
-
-    def calc_bpd_loop(self, model, x_start, clip_denoised=True, model_kwargs=None):
-        """The full variational bound in bits per dimension, one term per timestep.
-
-        :return: dict with ``total_bpd`` (N,), ``prior_bpd`` (N,), and (N, T) tensors ``vb``, ``xstart_mse``
-            and ``mse`` (the noise-prediction error) whose column j belongs to timestep T-1-j.
-        """
-        vb, xstart_mse, mse = [], [], []
-        for i in range(self.num_timesteps - 1, -1, -1):
-            t = torch.full((x_start.shape[0],), i, device=x_start.device, dtype=torch.long)
-            noise = torch.randn_like(x_start)
-            x_t = self.q_sample(x_start, t, noise=noise)
-            with torch.no_grad():
-                out = self.p_mean_variance(model, x_t, t, clip_denoised=clip_denoised, model_kwargs=model_kwargs)
-            vb.append(self._vb_term(out, x_start, x_t, t))
-            xstart_mse.append(mean_flat((out["pred_xstart"] - x_start) ** 2))
-            eps = self._eps_from_x0(x_t, t, out["pred_xstart"])
-            mse.append(mean_flat((eps - noise) ** 2))
-        # As in the official code, column j holds timestep T-1-j (the order of the loop).
-        vb, xstart_mse, mse = (torch.stack(v, dim=1) for v in (vb, xstart_mse, mse))
-        prior_bpd = self._prior_term(x_start)
-        return {
-            "total_bpd": vb.sum(dim=1) + prior_bpd,
-            "prior_bpd": prior_bpd,
-            "vb": vb,
-            "xstart_mse": xstart_mse,
-            "mse": mse,
-        }

@@ -93,7 +93,7 @@ class SpacedDiffusion(GaussianDiffusion):
     :param use_timesteps: the original step indices to keep (see :func:`space_timesteps`).
     :param kwargs: the arguments of the original :class:`GaussianDiffusion` (``betas`` has all T steps).
 
-    ``timestep_map[i]`` is the original index of step i; models and ``cond_fn`` see original indices.
+    ``timestep_map[i]`` is the original index of step i; models see original indices.
     """
 
     def __init__(self, use_timesteps, **kwargs):

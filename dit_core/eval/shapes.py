@@ -143,26 +143,6 @@ def is_clean(images) -> np.ndarray:
     return out
 
 
-#: :func:`is_blank`: a pixel shows a shape when its colour is this far from the background's (40 of 255 grey
-#: levels, as a distance in the [-1, 1] colour cube; every real shape differs by at least 60 in luminance),
-BLANK_DISTANCE = 40 / 127.5
-#: and an image is blank when fewer than this share of its pixels do (2 %: 5 of 256 pixels at 16 px; the
-#: smallest real shape of the default folder covers 25 of them).
-BLANK_SHARE = 0.02
-
-
-def is_blank(images) -> np.ndarray:
-    """For each image ``(N, C, H, W)`` in [-1, 1] at its own size: is there no shape at all, just background?
-
-    The classifier must name a class for every image, and it files a plain background under one of them
-    (measured on the shapes: under "triangle", so that class's accuracy counts such samples right). A generator
-    that draws no shape for a share of its noises has failed there whatever the classifier says; this test
-    names that failure. No real image of the folder is blank (tests).
-    """
-    far = background_distance(torch.as_tensor(images).detach().float().cpu()) > BLANK_DISTANCE
-    return (far.flatten(1).float().mean(dim=1) < BLANK_SHARE).numpy()
-
-
 def _augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """What cannot change a shape's class: the 8 flips and quarter turns (one per batch)."""
     x = torch.rot90(x, int(torch.randint(0, 4, (), generator=g)), dims=(2, 3))
@@ -308,8 +288,6 @@ def main(argv=None) -> dict:
     p.add_argument("--classes", default=None, help="class names in the model's label order (default: the run's)")
     p.add_argument("--per-class", type=int, default=50)
     p.add_argument("--cfg-scale", type=float, default=None, help="default: the run's sample_cfg_scale")
-    p.add_argument("--cfg-schedule", choices=("constant", "linear"), default=None,
-                   help="default: the run's sample_cfg_schedule")
     p.add_argument("--sampler", default=None, help="default: the run's sample_sampler")
     p.add_argument("--steps", type=int, default=None, help="default: the run's sample_steps")
     p.add_argument("--seed", type=int, default=0)
@@ -341,19 +319,14 @@ def main(argv=None) -> dict:
         result = classwise.sample_and_score(
             model, diffusion, judge, class_names=names, per_class=args.per_class,
             cfg_scale=args.cfg_scale if args.cfg_scale is not None else (info.get("cfg_scale") or 1.0),
-            cfg_schedule=args.cfg_schedule or info.get("cfg_schedule") or "constant",
             sampler=args.sampler or info.get("sampler") or "ddim", steps=args.steps or info.get("steps") or 50,
             seed=args.seed, progress=True)
         summary = {"checkpoint": str(args.checkpoint)}
-        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "cfg_schedule",
-                                               "sampler", "steps", "seed")})
+        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "sampler", "steps", "seed")})
         images = result["images"]
     summary.update({k: result[k] for k in ("class_accuracy", "per_class_accuracy", "clean_accuracy",
                                            "per_class_clean_accuracy", "frechet_distance", "real_floor",
                                            "classifier_val_accuracy", "num_samples")})
-    blank, y = is_blank(classwise.to_float_images(images)), np.asarray(labels if args.npz else result["labels"])
-    summary["blank_share"] = float(blank.mean())  # no shape at all (is_blank)
-    summary["per_class_blank_share"] = {n: float(blank[y == i].mean()) for i, n in enumerate(names) if (y == i).any()}
     if args.grid:
         from ..sample import save_grid
 

@@ -181,7 +181,7 @@ def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, ma
     channels, size = config["sample_shape"][0], config["sample_shape"][-1]
     judge = judge_for(dataset, classes, size, channels)
     process = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                             diffusion_steps=cfg.diffusion_steps, flow_prediction=cfg.flow_prediction)
+                             diffusion_steps=cfg.diffusion_steps)
     for path in sorted((out / "checkpoints").glob("step_*.pt")):
         step = int(path.stem.split("_")[1])
         if step not in done:

@@ -11,9 +11,9 @@
 """
 
 from .files import load_model, make_grid, parse_classes, save_grid, save_npz, to_uint8
-from .samplers import (CFG_SCHEDULES, SAMPLERS, check_guidance, ddim_timesteps, dpm_solver_scheduler, generate,
-                       guidance_scale, has_null_class, respaced, sampling_copy)
+from .samplers import (check_guidance, ddim_timesteps, dpm_solver_scheduler, generate, guided, has_null_class,
+                       respaced, sampling_copy)
 
-__all__ = ["CFG_SCHEDULES", "SAMPLERS", "check_guidance", "ddim_timesteps", "dpm_solver_scheduler", "generate",
-           "guidance_scale", "has_null_class", "load_model", "make_grid", "parse_classes", "respaced", "sampling_copy",
+__all__ = ["check_guidance", "ddim_timesteps", "dpm_solver_scheduler", "generate", "guided", "has_null_class",
+           "load_model", "make_grid", "parse_classes", "respaced", "sampling_copy",
            "save_grid", "save_npz", "to_uint8"]

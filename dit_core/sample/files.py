@@ -186,8 +186,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
             label_names=[str(c) for c in classes] if classes else None,
             noise_schedule=config.get("noise_schedule", "linear"), diffusion_steps=config.get("diffusion_steps", 1000),
             sampler=config.get("sample_sampler"), steps=config.get("sample_steps"),
-            cfg_scale=config.get("sample_cfg_scale"), cfg_schedule=config.get("sample_cfg_schedule", "constant"),
-            objective=config.get("objective", "ddpm"), flow_prediction=config.get("flow_prediction", "velocity"),
+            cfg_scale=config.get("sample_cfg_scale"), objective=config.get("objective", "ddpm"),
         )
         if latent and not info["vae"]:
             info["vae"] = _vae_of_latents(config.get("latents_path") or config.get("data_path"))

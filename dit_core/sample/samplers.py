@@ -14,10 +14,7 @@
 * **guidance** (Ho & Salimans 2022; DiT Sec. 4) runs the conditional and the null-class halves in one batch
   through :meth:`dit_core.models.DiT.forward_with_cfg`: ``eps = eps_null + s (eps_y - eps_null)`` on all noise
   channels, or on the first ``guidance_channels`` (3 reproduces the official sampler and its FID of 2.27).
-  ``cfg_scale=1`` is plain conditional sampling and skips the second half. ``cfg_schedule="linear"`` lets the
-  scale rise along the path instead, from 1 at pure noise to ``2 s - 1`` at the image (:func:`guidance_scale`):
-  its mean over the path is ``s``, as Wang et al. 2024 ("Analysis of Classifier-Free Guidance Weight
-  Schedulers", arXiv 2404.13040) compare them; they found such increasing schedules better than a constant one.
+  ``cfg_scale=1`` is plain conditional sampling and skips the second half (:func:`guided`).
 * **reproducible per sample.** Sample ``i`` draws its starting noise, and with DDPM or ``eta > 0`` the noise of
   every step, from its own CPU generator seeded with ``seed + i``. An image therefore depends on its seed and
   label only, not on the batch size, the batch it landed in or the device (up to float round-off of batched
@@ -48,14 +45,11 @@ import math
 import numpy as np
 import torch
 
-from ..diffusion import SpacedDiffusion, create_diffusion, space_timesteps
-from ..diffusion.flow import flow_sampler_name, sample_flow
+from ..diffusion import SAMPLERS, SpacedDiffusion, create_diffusion, sampler_objective, space_timesteps
+from ..diffusion.flow import sample_flow
 from ..runtime import DTYPES, autocast, resolve_precision
 from ..vae import decode_latents
 
-SAMPLERS = ("ddpm", "ddim", "dpm-solver++")
-#: How the guidance scale varies along the path: "constant" (the paper's), or "linear" (:func:`guidance_scale`).
-CFG_SCHEDULES = ("constant", "linear")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -120,52 +114,21 @@ def check_guidance(model, cfg_scale: float) -> None:
         )
 
 
-def check_cfg_schedule(schedule: str) -> str:
-    if schedule not in CFG_SCHEDULES:
-        raise ValueError(f"cfg_schedule must be one of {', '.join(CFG_SCHEDULES)}, got {schedule!r}")
-    return schedule
-
-
-def guidance_scale(cfg_scale: float, schedule: str, u: float) -> float:
-    """The guidance scale at path position ``u`` (0: the image, 1: pure noise; the model's timestep over the
-    training steps). ``"constant"``: ``cfg_scale`` everywhere. ``"linear"``: ``1 + 2 (s - 1)(1 - u)``, from 1 at
-    pure noise to ``2 s - 1`` at the image, ``s`` on average: weak while the coarse layout forms, strong where
-    the details that tell the classes apart are drawn (Wang et al. 2024)."""
-    if check_cfg_schedule(schedule) == "constant":
-        return float(cfg_scale)
-    return 1.0 + 2.0 * (float(cfg_scale) - 1.0) * (1.0 - min(max(float(u), 0.0), 1.0))
-
-
-def _guided(model, cfg_scale: float, guidance_channels: int | None, schedule: str = "constant",
-            num_train_steps: int = 1000):
-    """``model_fn(x, t, y)`` for the diffusion: the plain model, or the guided prediction of a batch of N (the
-    scale from :func:`guidance_scale` at ``t / num_train_steps``)."""
+def guided(model, cfg_scale: float, guidance_channels: int | None = None):
+    """``model_fn(x, t, y)`` for a batch of N, as the samplers call it: the plain model when ``cfg_scale`` is 1,
+    else the guided half of :meth:`dit_core.models.DiT.forward_with_cfg` on the doubled batch ``[x, x]`` with
+    labels ``[y, null class]`` (one forward pass of 2N)."""
     if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
         return lambda x, t, y: model(x, t, y).float()
     check_guidance(model, cfg_scale)
 
-    if schedule == "constant":
-        def scale(t) -> float:
-            return cfg_scale
-    else:  # every sampler here steps a batch at one timestep: its first entry is the batch's
-        def scale(t) -> float:
-            return guidance_scale(cfg_scale, schedule, float(t.reshape(-1)[0]) / num_train_steps)
-
-    if hasattr(model, "forward_guided"):  # one pass on [x, x], guided in place: no doubled batch to slice
-        return lambda x, t, y: model.forward_guided(x, t, y, scale(t), guidance_channels=guidance_channels).float()
-
-    def model_fn(x, t, y):  # another implementation of the DiT interface: only the official forward_with_cfg
+    def model_fn(x, t, y):
         null = torch.full_like(y, model.num_classes)
-        out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), scale(t),
+        out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), cfg_scale,
                                      guidance_channels=guidance_channels)
-        return out[: x.shape[0]].float()
+        return out[: len(x)].float()
 
     return model_fn
-
-
-#: Each sampler's number of steps when none is given (``ddpm``: all of the diffusion's).
-DEFAULT_STEPS = {"ddpm": None, "ddim": 50, "dpm-solver++": 25,
-                 "euler": 50, "heun": 25, "euler-maruyama": 250, "euler-langevin": 50}
 
 
 def _noise(gens, shape, device) -> torch.Tensor:
@@ -185,27 +148,21 @@ def _noise(gens, shape, device) -> torch.Tensor:
 
 def _run_gaussian(diffusion, model_fn, x, y, gens, *, ddim: bool, eta: float, clip_denoised: bool, amp, device,
                   tick, callback):
-    """DDPM (ancestral, learned variance) or DDIM on a respaced :class:`GaussianDiffusion`."""
+    """DDPM (ancestral, learned variance: :meth:`GaussianDiffusion.p_sample`) or DDIM
+    (:meth:`GaussianDiffusion.ddim_sample`) on a respaced diffusion, each step's noise from the per-sample
+    generators (drawn only where a step adds noise, so that the generators' streams do not depend on it)."""
     shape = x.shape[1:]
     n = diffusion.num_timesteps
     for k, i in enumerate(range(n - 1, -1, -1)):
         t = torch.full((len(x),), i, dtype=torch.long, device=device)
+        adds_noise = i > 0 and (not ddim or eta > 0)
+        noise = _noise(gens, shape, device) if adds_noise else torch.zeros_like(x)
         with autocast(device, amp):
-            out = diffusion.p_mean_variance(model_fn, x, t, clip_denoised, model_kwargs=dict(y=y))
-        x0 = out["pred_xstart"].float()
-        if ddim:
-            # Song et al. 2021, eq. 12 with sigma of eq. 16; eps re-derived from the (possibly clipped) x_0.
-            ab, ab_prev = float(diffusion.alphas_cumprod[i]), float(diffusion.alphas_cumprod_prev[i])
-            eps = (x - math.sqrt(ab) * x0) / math.sqrt(1 - ab)
-            sigma = eta * math.sqrt((1 - ab_prev) / (1 - ab)) * math.sqrt(1 - ab / ab_prev)
-            x = math.sqrt(ab_prev) * x0 + math.sqrt(max(1 - ab_prev - sigma**2, 0.0)) * eps
-            if sigma > 0 and i > 0:
-                x = x + sigma * _noise(gens, shape, device)
-        else:
-            # DDPM Alg. 2: x_{t-1} = mu + sigma z, no noise at the last step.
-            x = out["mean"].float()
-            if i > 0:
-                x = x + torch.exp(0.5 * out["log_variance"].float()) * _noise(gens, shape, device)
+            if ddim:
+                out = diffusion.ddim_sample(model_fn, x, t, clip_denoised, model_kwargs=dict(y=y), eta=eta, noise=noise)
+            else:
+                out = diffusion.p_sample(model_fn, x, t, clip_denoised, model_kwargs=dict(y=y), noise=noise)
+        x, x0 = out["sample"].float(), out["pred_xstart"].float()
         tick()
         if callback is not None:
             callback(dict(step=k, num_steps=n, t=int(diffusion.timestep_map[i]) if hasattr(diffusion, "timestep_map")
@@ -219,7 +176,7 @@ def _run_flow(process, model_fn, x, y, gens, *, sampler: str, steps: int, amp, d
 
     def velocity(xx, t):
         with autocast(device, amp):
-            return process.velocity(xx, t, model_fn(xx, process.model_time(t), y)[:, :channels].float())
+            return model_fn(xx, process.model_time(t), y)[:, :channels].float()
 
     return sample_flow(velocity, x, sampler=sampler, steps=steps, noise=lambda shape: _noise(gens, shape, device),
                        callback=callback, tick=tick)
@@ -349,7 +306,6 @@ def generate(
     labels=16,
     *,
     cfg_scale: float = 1.0,
-    cfg_schedule: str = "constant",
     sampler: str = "ddpm",
     steps: int | str | None = None,
     seed: int = 0,
@@ -370,15 +326,14 @@ def generate(
 
     - ``labels``: class indices (a list or tensor); for an unconditional model, a number of samples.
     - ``diffusion``: the training diffusion (default: ``create_diffusion("")`` matching ``model.learn_sigma``), or
-      the :class:`~dit_core.diffusion.flow.LinearInterpolant` of a flow model (then ``sampler`` is ``"euler"``
-      (= ``"ddim"``, default 50 steps), ``"heun"`` (25), ``"euler-maruyama"`` (250) or ``"euler-langevin"``
-      (50, with corrector steps: :mod:`dit_core.diffusion.flow`); see
+      the :class:`~dit_core.diffusion.flow.LinearInterpolant` of a flow model (see
       :func:`dit_core.diffusion.create_process`).
-    - ``sampler``/``steps``: ``"ddpm"`` (default all steps; the paper uses 250), ``"ddim"`` (default 50,
-      ``eta`` 0 deterministic) or ``"dpm-solver++"`` (default 25).
+    - ``sampler``/``steps``: a name of :data:`dit_core.diffusion.SAMPLERS`, which gives each one's default
+      number of steps: ``"ddpm"`` (all steps; the paper uses 250), ``"ddim"`` (``eta`` 0 deterministic) or
+      ``"dpm-solver++"`` for DiT's diffusion; ``"euler"`` (= ``"ddim"``), ``"heun"`` or ``"euler-maruyama"``
+      for a flow model.
     - ``cfg_scale``/``guidance_channels``: classifier-free guidance scale, and how many noise channels it
-      acts on (None: all; 3: the official sampler). ``cfg_schedule``: ``"constant"`` (the paper) or
-      ``"linear"`` (rising along the path, ``cfg_scale`` on average: :func:`guidance_scale`).
+      acts on (None: all; 3: the official sampler).
     - ``clip_denoised``: clamp the predicted x_0 to [-1, 1]; default True in pixel space (the result is an
       image in [-1, 1]) and False with a ``vae`` (latents are not bounded).
     - ``vae``: a diffusers ``AutoencoderKL``: the samples are latents, divided by ``vae_scale`` (default:
@@ -390,12 +345,8 @@ def generate(
     - ``callback(info)``: called after every step with ``step``, ``num_steps``, ``t`` (original index),
       ``x`` (the current batch) and ``x0`` (the predicted clean batch; None for dpm-solver++).
     """
-    sampler = str(sampler).lower()
     flow = getattr(diffusion, "is_interpolant", False)  # objective "flow": the samplers of dit_core.diffusion.flow
-    if flow:
-        sampler = flow_sampler_name(sampler)
-    elif sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    sampler = sampler_objective(str(sampler).lower(), "flow" if flow else "ddpm")
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
     if eta != 0.0 and (flow or sampler != "ddim"):
@@ -418,25 +369,20 @@ def generate(
     if amp == "fp32" and weights in (torch.bfloat16, torch.float16):  # half weights need autocast for fp32 inputs
         amp = "bf16" if weights == torch.bfloat16 else "fp16"
     check_guidance(model, cfg_scale)
-    check_cfg_schedule(cfg_schedule)
+    args = dict(cfg_scale=cfg_scale, sampler=sampler, steps=steps, seed=seed, device=device, batch_size=batch_size,
+                clip_denoised=clip_denoised, guidance_channels=guidance_channels, eta=eta, amp=amp,
+                progress=progress, vae=vae, vae_scale=vae_scale, decode_batch_size=decode_batch_size,
+                vae_tiling=vae_tiling, callback=callback)
     if here != device:  # sample a temporary copy where asked; the caller's model stays where it is
         copy_dtype = DTYPES[amp] if amp in ("bf16", "fp16") else None
         # the copy is referenced by _generate's frame only: freed when it returns (its GPU memory goes back
         # to PyTorch's allocator, for the training to reuse)
-        return _generate(sampling_copy(model, device, copy_dtype), diffusion, labels, cfg_scale=cfg_scale,
-                         cfg_schedule=cfg_schedule, sampler=sampler, steps=steps, seed=seed, device=device,
-                         batch_size=batch_size, clip_denoised=clip_denoised, guidance_channels=guidance_channels,
-                         eta=eta, amp=amp, progress=progress, vae=vae, vae_scale=vae_scale,
-                         decode_batch_size=decode_batch_size, vae_tiling=vae_tiling, callback=callback)
+        return _generate(sampling_copy(model, device, copy_dtype), diffusion, labels, **args)
     with _eval_mode(model):
-        return _generate(model, diffusion, labels, cfg_scale=cfg_scale, cfg_schedule=cfg_schedule, sampler=sampler,
-                         steps=steps, seed=seed, device=device, batch_size=batch_size, clip_denoised=clip_denoised,
-                         guidance_channels=guidance_channels, eta=eta, amp=amp, progress=progress, vae=vae,
-                         vae_scale=vae_scale, decode_batch_size=decode_batch_size, vae_tiling=vae_tiling,
-                         callback=callback)
+        return _generate(model, diffusion, labels, **args)
 
 
-def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, steps, seed, device, batch_size,
+def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, device, batch_size,
               clip_denoised, guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling,
               callback):
     """:func:`generate` once the model is in eval mode on ``device`` and the arguments are checked."""
@@ -445,7 +391,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, ste
     if clip_denoised is None:
         clip_denoised = vae is None
     if steps is None:
-        steps = DEFAULT_STEPS[sampler]
+        steps = SAMPLERS[sampler][1]
     if sampler == "ddpm":
         spaced = respaced(diffusion, steps)
     elif sampler == "ddim":
@@ -454,7 +400,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, cfg_schedule, sampler, ste
         spaced = diffusion
     num_steps = spaced.num_timesteps if sampler in ("ddpm", "ddim") else int(steps)
     shape = (model.in_channels, model.input_size, model.input_size)
-    model_fn = _guided(model, cfg_scale, guidance_channels, cfg_schedule, _training_steps(spaced))
+    model_fn = guided(model, cfg_scale, guidance_channels)
 
     bar = None
     if progress:

@@ -53,8 +53,7 @@ def sample_grid(ema, diffusion, cfg: TrainConfig, out: Path, step: int, classes,
                       "class to guide with", stacklevel=2)
         cfg_scale = 1.0
     with torch.random.fork_rng(devices=[]):  # leave the training process's generators untouched
-        images = generate(ema, diffusion, labels, cfg_scale=cfg_scale, cfg_schedule=cfg.sample_cfg_schedule,
-                          sampler=cfg.sample_sampler,
+        images = generate(ema, diffusion, labels, cfg_scale=cfg_scale, sampler=cfg.sample_sampler,
                           steps=cfg.sample_steps, seed=cfg.seed, device=device, vae=vae, vae_scale=scale,
                           amp=resolve_precision(cfg.mixed_precision, device), decode_batch_size=GRID_DECODE_BATCH)
     path = out / "samples" / f"step_{step:07d}.png"
