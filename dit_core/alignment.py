@@ -1,5 +1,6 @@
-"""What some training objectives add to a DiT for training only: the REPA projector, the MaskDiT mask token, and
-the forward pass that uses them. A sampled model is always the plain :class:`~dit_core.models.DiT`.
+"""What some training objectives add to a DiT for training only: the REPA projector and the MaskDiT mask token.
+A sampled model is always the plain :class:`~dit_core.models.DiT`, whose forward pass takes the kept tokens and
+the block to capture as options (:meth:`dit_core.models.DiT.forward`).
 
 * **Masked training** (MaskDiT, Zheng et al. 2024): the encoder blocks see only the kept tokens (half of them at
   ``mask_ratio`` 0.5, so the step costs about half as much); before the *decoder* blocks, a learned mask token
@@ -7,8 +8,7 @@ the forward pass that uses them. A sampled model is always the plain :class:`~di
   MaskDiT adds a separate, narrower decoder (8 blocks of width 512 for DiT-XL/2) that also runs at sampling
   time. Here the decoder is the last ``decoder_depth`` blocks of the DiT itself, so the model that is sampled,
   saved, exported and compared is exactly the DiT, with the same parameters as the baseline; only its
-  training differs. Without a mask, :func:`forward_tokens` is the DiT's own forward pass (a test checks this
-  bit for bit).
+  training differs.
 * **Representation alignment** (REPA, Yu et al. 2024): the hidden tokens after block ``k`` (counted from 1) go
   through a small MLP, the *projector* (``Linear -> SiLU -> Linear -> SiLU -> Linear``, hidden width 2048 in
   REPA), to the width of a pretrained encoder's patch features, which they are pulled towards
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 from .models import DiT
 
@@ -59,37 +58,6 @@ def gather_tokens(tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(tokens, 1, index.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
 
 
-def forward_tokens(dit: DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None, *,
-                   keep: torch.Tensor | None = None, mask_token: torch.Tensor | None = None,
-                   decoder_depth: int = 0, capture: int | None = None):
-    """The DiT's forward pass with the two training additions; returns ``(output, captured)``.
-
-    ``keep`` (N, K): the token positions the encoder blocks see (None: all, and no decoder step); then the last
-    ``decoder_depth`` blocks see the full grid with ``mask_token`` + position embedding at the dropped positions.
-    ``capture``: return the tokens after block ``capture`` (1-based; None: return None), only the kept ones when
-    that block is an encoder block. Gradient checkpointing follows the DiT's setting.
-    """
-    tokens = dit.x_embedder(x) + dit.pos_embed
-    c = dit.t_embedder(t)
-    if dit.y_embedder is not None:
-        c = c + dit.y_embedder(y, dit.training)
-    if keep is not None:
-        if mask_token is None or not 1 <= decoder_depth < dit.depth:
-            raise ValueError("masked training needs a mask token and 1 <= decoder_depth < depth")
-        tokens = gather_tokens(tokens, keep)
-    checkpointed = set(dit.checkpointed_blocks) if torch.is_grad_enabled() else set()
-    captured = None
-    for i, block in enumerate(dit.blocks):
-        if keep is not None and i == dit.depth - decoder_depth:  # the decoder starts: fill the dropped positions
-            full = (mask_token + dit.pos_embed).to(tokens.dtype).expand(len(tokens), -1, -1)
-            index = keep.unsqueeze(-1).expand(-1, -1, tokens.shape[-1])
-            tokens = full.scatter(1, index, tokens)
-        tokens = checkpoint(block, tokens, c, use_reentrant=False) if i in checkpointed else block(tokens, c)
-        if capture is not None and i + 1 == capture:
-            captured = tokens
-    return dit.unpatchify(dit.final_layer(tokens, c)), captured
-
-
 class TrainingModel(nn.Module):
     """The DiT with its :class:`TrainingHeads`: what the optimizer updates and DDP wraps under the training
     options of :mod:`dit_core.train.objectives`.
@@ -103,7 +71,9 @@ class TrainingModel(nn.Module):
         self.dit, self.heads, self.decoder_depth = dit, heads, int(decoder_depth)
 
     def forward(self, x, t, y=None, keep=None, capture=None):
-        out, tokens = forward_tokens(self.dit, x, t, y, keep=keep, mask_token=self.heads.mask_token,
-                                     decoder_depth=self.decoder_depth, capture=capture)
-        projected = self.heads.projector(tokens) if tokens is not None and self.heads.projector is not None else None
-        return out, projected
+        out = self.dit(x, t, y, keep=keep, mask_token=self.heads.mask_token, decoder_depth=self.decoder_depth,
+                       capture=capture)
+        if capture is None:
+            return out, None
+        out, tokens = out
+        return out, self.heads.projector(tokens) if self.heads.projector is not None else None

@@ -356,10 +356,21 @@ class DiT(nn.Module):
         x = x.reshape(x.shape[0], g, g, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, g * p, g * p)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, *,
+                keep: torch.Tensor | None = None, mask_token: torch.Tensor | None = None, decoder_depth: int = 0,
+                capture: int | None = None):
         """``x``: ``(N, C, H, W)`` noisy input; ``t``: ``(N,)`` diffusion steps; ``y``: ``(N,)`` labels, where
         ``num_classes`` means "no label". Returns ``(N, C_out, H, W)``: the noise prediction, then (with
-        ``learn_sigma``) the variance interpolation channels."""
+        ``learn_sigma``) the variance interpolation channels.
+
+        Two training options of :mod:`dit_core.train.objectives` (off by default):
+
+        * ``keep`` ``(N, K)``: the token positions the first blocks see (masked training, MaskDiT); the last
+          ``decoder_depth`` blocks see the full grid again, with ``mask_token`` + position embedding at the
+          dropped positions;
+        * ``capture``: also return the tokens after block ``capture`` (1-based; the kept ones only when that block
+          sees the kept tokens), for representation alignment (REPA): the result is then ``(output, tokens)``.
+        """
         if x.shape[-2:] != (self.input_size, self.input_size):
             raise ValueError(
                 f"this DiT takes {self.input_size}x{self.input_size} inputs (latents of "
@@ -379,13 +390,21 @@ class DiT(nn.Module):
             if y is None:
                 raise ValueError("this DiT is class-conditional: pass labels y (num_classes means 'no label')")
             c = c + self.y_embedder(y, self.training)
-        checkpointing = self._checkpointed and torch.is_grad_enabled()
+        if keep is not None:
+            if mask_token is None or not 1 <= decoder_depth < self.depth:
+                raise ValueError("masked training needs a mask token and 1 <= decoder_depth < depth")
+            x = torch.gather(x, 1, keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        checkpointed = self._checkpointed if torch.is_grad_enabled() else ()
+        captured = None
         for i, block in enumerate(self.blocks):
-            if checkpointing and i in self._checkpointed:
-                x = checkpoint(block, x, c, use_reentrant=False)
-            else:
-                x = block(x, c)
-        return self.unpatchify(self.final_layer(x, c))
+            if keep is not None and i == self.depth - decoder_depth:  # the decoder starts: fill the dropped tokens
+                full = (mask_token + self.pos_embed).to(x.dtype).expand(len(x), -1, -1)
+                x = full.scatter(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]), x)
+            x = checkpoint(block, x, c, use_reentrant=False) if i in checkpointed else block(x, c)
+            if i + 1 == capture:
+                captured = x
+        out = self.unpatchify(self.final_layer(x, c))
+        return out if capture is None else (out, captured)
 
     def forward_with_cfg(
         self,
@@ -404,7 +423,8 @@ class DiT(nn.Module):
         ``guidance_channels=None`` guides all ``in_channels`` noise channels. The official code guides only the
         first 3 of the 4 latent channels (a known quirk; the paper's FID of 2.27 was obtained with it);
         ``guidance_channels=3`` reproduces it exactly. The learned-variance channels are never guided.
-        Samplers that hold only the conditional half call :meth:`forward_guided` (no doubled batch to carry).
+        Without autograd the guided noise is written in place into the model's output (no third tensor).
+        The samplers call it through :func:`dit_core.sample.samplers.guided`.
         """
         k = self._guidance_channels(guidance_channels)
         if x.shape[0] % 2:
@@ -420,28 +440,6 @@ class DiT(nn.Module):
         _guide_in_place(out, n, k, cfg_scale)
         out[n:, :k] = out[:n, :k]
         return out
-
-    def forward_guided(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        y: torch.Tensor,
-        cfg_scale: float,
-        guidance_channels: int | None = None,
-    ) -> torch.Tensor:
-        """The guided prediction for a batch of ``N``: the first half of :meth:`forward_with_cfg`'s output.
-
-        One forward pass on the ``2N`` batch ``[x, x]`` with labels ``[y, null class]``; without autograd the
-        guided noise is written into the conditional half of the model's output, which is returned as a view
-        (no copy of either half).
-        """
-        k = self._guidance_channels(guidance_channels)
-        n = x.shape[0]
-        out = self(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, self.num_classes)]))
-        if out.requires_grad:
-            cond, uncond = out[:n, :k], out[n:, :k]
-            return torch.cat([uncond + cfg_scale * (cond - uncond), out[:n, k:]], dim=1)
-        return _guide_in_place(out, n, k, cfg_scale)[:n]
 
     def _guidance_channels(self, guidance_channels: int | None) -> int:
         k = self.in_channels if guidance_channels is None else int(guidance_channels)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -287,3 +288,42 @@ def fit_pixel_teacher(images: torch.Tensor, labels: torch.Tensor, num_classes: i
         predicted = torch.cat([net(images[i : i + 512]).argmax(1) for i in range(0, len(images), 512)])
     net.train_accuracy = float((predicted == labels).float().mean())
     return net
+
+
+def run_teacher(cfg, dataset, out: Path, procs, device, grid: int):
+    """The teacher of pixel-space training as ``(function, dim)``: the small CNN fitted on the training images
+    (``repa_teacher`` auto or cnn; fitted once and kept in ``<out>/teacher.pt``, so a resumed run aligns to the
+    same teacher), or DINOv2 (a name or a ``.pth``) run on each batch."""
+    from .train import distributed
+
+    name = cfg.repa_teacher
+    if name in ("auto", "cnn"):
+        from .checkpoint import atomic_save
+
+        path = out / "teacher.pt"
+        if procs.is_main and not path.exists():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                xs, ys = zip(*(dataset[i][:2] for i in range(len(dataset))))
+            images, labels = torch.stack(xs).float(), torch.as_tensor(ys, dtype=torch.long)
+            num_classes = getattr(getattr(dataset, "dataset", dataset), "num_classes", None) or int(labels.max()) + 1
+            started = time.perf_counter()
+            net = fit_pixel_teacher(images, labels, max(2, num_classes), seed=cfg.seed, flip=cfg.flip)
+            print(f"REPA teacher: a small CNN fitted on the {len(images)} training images in "
+                  f"{time.perf_counter() - started:.0f} s, {net.train_accuracy:.1%} of them classified right "
+                  f"(kept in {path})", flush=True)
+            atomic_save({"state": net.state_dict(), "num_classes": net.head.out_features,
+                         "image_size": images.shape[-1], "train_accuracy": net.train_accuracy}, path)
+        distributed.barrier(procs)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        net = PixelTeacher(saved["num_classes"], saved["image_size"])
+        net.load_state_dict(saved["state"])
+        net = net.to(device).eval().requires_grad_(False)
+    else:
+        net = load_dinov2(name, device=device)
+
+    @torch.no_grad()
+    def features(x):
+        return token_features(net.feature_map(x.float()).float(), grid)
+
+    return features, int(net.dim)

@@ -26,7 +26,7 @@ OPTIONS = {
     "flow": dict(objective="flow", learn_sigma=False),
     "logit_normal": dict(timestep_sampling="logit_normal", logit_mean=-0.5),
     "min_snr": dict(loss_weighting="min_snr", min_snr_gamma=2.0),
-    "flow_data": dict(objective="flow", learn_sigma=False, flow_prediction="data", timestep_sampling="logit_normal",
+    "flow_repa": dict(objective="flow", learn_sigma=False, timestep_sampling="logit_normal",
                       repa_weight=0.5, repa_depth=1, repa_projector_dim=16),
     "flow_min_snr": dict(objective="flow", learn_sigma=False, loss_weighting="min_snr",
                          timestep_sampling="logit_normal"),
@@ -190,9 +190,6 @@ def test_resume_refuses_another_objective(tmp_path):
     with pytest.raises(ConfigError, match="trained with objective flow, this run asks for ddpm"):
         train(make_config(None, {**TINY, "learn_sigma": False, "out": str(flow), "max_steps": 2, "resume": "true"}),
               dataset=Blobs())
-    with pytest.raises(ConfigError, match="predicts the velocity, this run asks for flow_prediction data"):
-        train(make_config(None, {**TINY, **OPTIONS["flow"], "flow_prediction": "data", "out": str(flow),
-                                 "max_steps": 2, "resume": "true"}), dataset=Blobs())
 
 
 def test_the_pixel_teacher_is_fitted_once_and_knows_the_classes(tmp_path, capsys):

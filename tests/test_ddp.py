@@ -1,6 +1,6 @@
 """DistributedDataParallel on the CPU: 2 processes (gloo) train the same model as 1 process with the same global
 batch. The CLI runs under ``torchrun`` exactly as a multi-GPU user would start it, and starts its own processes
-when ``cpu_processes`` asks (dit_core.train.launch)."""
+when ``cpu_processes`` asks (through torchrun: dit_core.cli.train.run_processes)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LAUNCHED = [sys.executable, "-m", "dit_core.train", "--cpu-processes", "2"]  # d
 @pytest.mark.parametrize("how,optimizer", [("torchrun", "adamw"), ("cpu_processes", "adamw"),
                                            ("cpu_processes", "muon")])
 def test_two_processes_equal_one_process(tmp_path, how, optimizer):
-    """With Muon the two processes also share out its Newton-Schulz work (dit_core.train.muon.owners)."""
+    """With Muon too (its state is that of PyTorch's Muon and AdamW)."""
     from dit_core.data import export_digits
 
     data = export_digits(tmp_path / "digits")
@@ -99,7 +99,7 @@ def command_lines() -> list[str]:
 
 def test_how_many_processes_dit_train_starts(monkeypatch):
     from dit_core.train import make_config
-    from dit_core.train.launch import planned_processes
+    from dit_core.cli.train import planned_processes
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = lambda **kw: make_config(None, {"device": "cpu", "batch_size": 32, **kw})

@@ -8,13 +8,12 @@ import math
 import pytest
 import torch
 
-from dit_core.alignment import TrainingHeads, TrainingModel, forward_tokens, patchify
-from dit_core.diffusion import create_diffusion, create_process, process_of
-from dit_core.diffusion.flow import (FLOW_SAMPLERS, T_MIN, LinearInterpolant, flow_sampler_name, langevin_correct,
-                                     sample_flow)
+from dit_core.alignment import TrainingHeads, TrainingModel, patchify
+from dit_core.diffusion import create_diffusion, create_process
+from dit_core.diffusion.flow import FLOW_SAMPLERS, LinearInterpolant, flow_sampler_name, sample_flow
 from dit_core.models import DiT
 from dit_core.teachers import DinoV2, dinov2_config, load_dinov2, TeacherNotFoundError, token_features
-from dit_core.train.objectives import (ObjectiveOptions, alignment_loss, ddpm_steps, ddpm_terms, kept_tokens,
+from dit_core.train.objectives import (ObjectiveOptions, alignment_loss, ddpm_steps, kept_tokens,
                                        mae_loss, min_snr_weight, objective_draws)
 
 
@@ -38,46 +37,22 @@ def test_the_path_its_velocity_and_both_ends():
     t = torch.rand(5)
     x_t = flow.path(x0, eps, t)
     v = flow.velocity_target(x0, eps)
-    torch.testing.assert_close(flow.x0_from_velocity(x_t, t, v), x0)
-    torch.testing.assert_close(flow.eps_from_velocity(x_t, t, v), eps)
+    tt = t.reshape(-1, 1, 1, 1)
+    torch.testing.assert_close(x_t - tt * v, x0)  # x_0 = x_t - t v
+    torch.testing.assert_close(x_t + (1 - tt) * v, eps)  # eps = x_t + (1 - t) v
     h = 1e-3  # the target is the time derivative of the path
     torch.testing.assert_close((flow.path(x0, eps, t + h) - flow.path(x0, eps, t - h)) / (2 * h), v, atol=1e-3, rtol=0)
     assert torch.equal(flow.path(x0, eps, torch.zeros(5)), x0) and torch.equal(flow.path(x0, eps, torch.ones(5)), eps)
     assert torch.equal(flow.model_time(torch.tensor([0.25])), torch.tensor([250.0]))
 
 
-def test_a_data_prediction_stands_for_the_velocity_towards_that_image():
-    """JiT's parameterisation: the network answers x_0; the sampler and the loss see v = (x_t - x_0) / t."""
-    torch.manual_seed(0)
-    flow = LinearInterpolant("data")
-    x0, eps = torch.randn(6, 2, 3, 3), torch.randn(6, 2, 3, 3)
-    t = torch.tensor([0.01, 0.04, 0.05, 0.3, 0.7, 1.0])
-    x_t = flow.path(x0, eps, t)
-    torch.testing.assert_close(flow.velocity(x_t, t, x0), flow.velocity_target(x0, eps))  # the right answer
-    guess = x0 + 0.1 * torch.randn_like(x0)
-    far = t >= T_MIN  # there the loss is exactly the velocity MSE of what the guess implies
-    velocity_mse = (flow.velocity(x_t, t, guess) - flow.velocity_target(x0, eps)) ** 2
-    torch.testing.assert_close(flow.loss_map(x0, eps, t, guess)[far], velocity_mse[far])
-    near = ~far  # near the data end its weight stops growing at 1 / T_MIN^2
-    torch.testing.assert_close(flow.loss_map(x0, eps, t, guess)[near], ((guess - x0) ** 2 / T_MIN**2)[near])
-    torch.testing.assert_close(flow.loss_map(x0, eps, t, guess)[near],  # (t / T_MIN)^2 of the velocity MSE there
-                               (velocity_mse * (t / T_MIN).reshape(-1, 1, 1, 1) ** 2)[near])
-    plain = LinearInterpolant()  # the velocity parameterisation passes the output through
-    assert plain.velocity(x_t, t, eps) is eps
-    assert torch.equal(plain.loss_map(x0, eps, t, eps), (plain.velocity_target(x0, eps) - eps) ** 2)
-    with pytest.raises(ValueError, match="flow_prediction must be one of velocity, data, got 'x'"):
-        LinearInterpolant("x")
-    assert create_process("flow", learn_sigma=False, flow_prediction="data").prediction == "data"
-    made = process_of({"objective": "flow", "flow_prediction": "data"}, learn_sigma=False)
-    assert made.prediction == "data" and process_of({"objective": "flow"}, learn_sigma=False).prediction == "velocity"
-
-
-@pytest.mark.parametrize("sampler", ["euler", "heun", "euler-maruyama", "euler-langevin"])
+@pytest.mark.parametrize("sampler", FLOW_SAMPLERS)
 def test_a_network_that_always_answers_one_image_is_sampled_to_that_image(sampler):
-    """Every sampler follows a data prediction to the image it names (the last interval lands on it)."""
-    flow, image = LinearInterpolant("data"), torch.randn(3, 2, 4, 4)
+    """Every sampler follows the velocity towards one image, (x_t - x_0) / t, to that image (the last interval
+    lands on it)."""
+    image = torch.randn(3, 2, 4, 4)
     x = torch.randn(3, 2, 4, 4)
-    out = sample_flow(lambda xx, t: flow.velocity(xx, t, image), x, sampler=sampler, steps=7)
+    out = sample_flow(lambda xx, t: (xx - image) / t.reshape(-1, 1, 1, 1), x, sampler=sampler, steps=7)
     torch.testing.assert_close(out, image, atol=1e-5, rtol=0)
 
 
@@ -93,38 +68,16 @@ def gaussian_velocity(mu: float, sigma: float):
     return v
 
 
-@pytest.mark.parametrize("sampler, steps", [("euler", 200), ("heun", 20), ("euler-maruyama", 400),
-                                           ("euler-langevin", 200)])
+@pytest.mark.parametrize("sampler, steps", [("euler", 200), ("heun", 20), ("euler-maruyama", 400)])
 def test_every_sampler_turns_noise_into_the_data_distribution(sampler, steps):
     """With the exact velocity of Gaussian data, the ODE and SDE samplers land on that Gaussian (samples of 256
-    numbers: the corrector sizes its steps by a sample's score norm, as for images)."""
+    numbers)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(80, 256, generator=g)
     out = sample_flow(gaussian_velocity(1.5, 0.5), x, sampler=sampler, steps=steps,
                       noise=lambda shape: torch.randn((80, *shape), generator=g))
     assert out.mean().item() == pytest.approx(1.5, abs=0.02)
     assert out.std().item() == pytest.approx(0.5, abs=0.02)
-
-
-def test_the_langevin_corrector_keeps_the_marginal_and_pulls_a_wrong_sample_towards_it():
-    """At time t the corrector's stationary law is the model's marginal there: samples of the exact marginal of
-    Gaussian data stay distributed as it, and samples started too wide are drawn in; it makes ~2.5x the model
-    calls of Euler at 50 steps (Euler's 50, and 3 at each of the 25 times in [0.1, 0.6])."""
-    mu, sigma, t = 1.5, 0.5, 0.4
-    v = gaussian_velocity(mu, sigma)
-    g = torch.Generator().manual_seed(1)
-    noise = lambda shape: torch.randn((400, *shape), generator=g)  # noqa: E731
-    mean, std = (1 - t) * mu, ((1 - t) ** 2 * sigma**2 + t**2) ** 0.5
-    x = mean + std * torch.randn(400, 256, generator=g)
-    out = langevin_correct(v, x, t, noise, steps=20)
-    assert out.mean().item() == pytest.approx(mean, abs=0.01) and out.std().item() == pytest.approx(std, rel=0.015)
-    wide = mean + 3 * std * torch.randn(400, 256, generator=g)
-    pulled = langevin_correct(v, wide, t, noise, steps=60)  # gently: the step shrinks as the score grows
-    assert std < pulled.std().item() < 0.92 * wide.std().item()
-    calls = []
-    counting = lambda xx, tt: (calls.append(1), torch.zeros_like(xx))[1]  # noqa: E731
-    sample_flow(counting, torch.randn(2, 3), sampler="euler-langevin", steps=50)
-    assert len(calls) == 50 + 3 * 25
 
 
 def test_euler_is_ddim_and_ddpm_samplers_are_refused():
@@ -137,13 +90,12 @@ def test_euler_is_ddim_and_ddpm_samplers_are_refused():
     for t, s in zip([1.0, 0.75, 0.5, 0.25], [0.75, 0.5, 0.25, 0.0]):
         tt = torch.full((4,), t)
         v = velocity(y, tt)
-        y = (1 - s) * flow.x0_from_velocity(y, tt, v) + s * flow.eps_from_velocity(y, tt, v)
+        y = (1 - s) * (y - t * v) + s * (y + (1 - t) * v)  # x_0 and eps from v, re-noised to s
     torch.testing.assert_close(out, y)
     assert [i["t"] for i in seen] == [0.75, 0.5, 0.25, 0.0]
-    assert flow_sampler_name("sde") == "euler-maruyama" and set(FLOW_SAMPLERS) == {"euler", "heun", "euler-maruyama",
-                                                                                 "euler-langevin"}
+    assert flow_sampler_name("sde") == "euler-maruyama" and set(FLOW_SAMPLERS) == {"euler", "heun", "euler-maruyama"}
     for name in ("ddpm", "dpm-solver++"):
-        with pytest.raises(ValueError, match="objective 'flow'.*velocity.*euler, heun, euler-maruyama, euler-langevin"):
+        with pytest.raises(ValueError, match="objective 'flow'.*velocity.*euler, heun, euler-maruyama"):
             flow_sampler_name(name)
     with pytest.raises(ValueError, match="learn_sigma=False"):
         create_process("flow", learn_sigma=True)
@@ -192,14 +144,16 @@ def test_min_snr_weights():
 # ----------------------------------------------------------------------------------------------------------
 
 
-def test_forward_tokens_without_options_is_the_dits_forward_bit_for_bit():
+def test_capturing_tokens_leaves_the_dits_output_bit_for_bit():
     model = tiny_dit()
     x, t, y = torch.randn(4, 1, 8, 8), torch.tensor([1, 50, 500, 999]), torch.tensor([0, 1, 2, 3])
-    out, captured = forward_tokens(model, x, t, y)
-    assert torch.equal(out, model(x, t, y)) and captured is None
+    plain = model(x, t, y)
     model.set_grad_checkpointing(True)
-    out, captured = forward_tokens(model, x, t, y, capture=2)
-    assert torch.equal(out, model(x, t, y)) and captured.shape == (4, 16, 32)
+    out, captured = model(x, t, y, capture=2)
+    assert torch.equal(out, plain) and captured.shape == (4, 16, 32)
+    tokens = model.x_embedder(x) + model.pos_embed  # the tokens after block 2, by hand
+    c = model.t_embedder(t) + model.y_embedder(y, False)
+    torch.testing.assert_close(captured, model.blocks[1](model.blocks[0](tokens, c), c), rtol=0, atol=1e-6)
     heads = TrainingHeads(32, mask=True)
     every = torch.arange(16).expand(4, -1)  # keeping every token: the mask tokens are never used
     torch.testing.assert_close(TrainingModel(model, heads, decoder_depth=1)(x, t, y, keep=every)[0], model(x, t, y),
@@ -240,18 +194,26 @@ def test_patchify_inverts_unpatchify_and_token_losses():
     torch.testing.assert_close(mae_loss(pred, x, 2, masked), expected)
 
 
-def test_ddpm_terms_equal_dits_hybrid_loss():
+def test_dits_hybrid_loss_over_the_kept_tokens():
+    """The masked objective reduces DiT's own loss maps over the kept tokens: with every token kept it is DiT's
+    loss; with some, the mean of the per-token values of those."""
+    from dit_core.train.objectives import token_mean
+
     diffusion = create_diffusion("", diffusion_steps=100)
     x0, noise = torch.rand(6, 1, 8, 8) * 2 - 1, torch.randn(6, 1, 8, 8)
     steps = torch.tensor([0, 1, 10, 50, 98, 99])
-    x_t = diffusion.q_sample(x0, steps, noise)
     output = torch.randn(6, 2, 8, 8)
     reference = diffusion.training_losses(lambda x, t: output, x0, steps, noise=noise)
-    _, terms = ddpm_terms(diffusion, output, x0, x_t, steps, noise, 2, None)
-    torch.testing.assert_close(terms["mse"], reference["mse"], rtol=0, atol=0)
-    torch.testing.assert_close(terms["vb"], reference["vb"], rtol=1e-6, atol=1e-6)
-    _, every = ddpm_terms(diffusion, output, x0, x_t, steps, noise, 2, torch.ones(6, 16))  # all tokens weighted
+    every = diffusion.training_losses(lambda x, t: output, x0, steps, noise=noise,
+                                      reduce=lambda m: token_mean(m, 2, torch.ones(6, 16)))
+    torch.testing.assert_close(every["mse"], reference["mse"], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(every["vb"], reference["vb"], rtol=1e-5, atol=1e-6)
+    weights = torch.zeros(6, 16)
+    weights[:, :4] = 1  # the first four tokens: the top-left 2 x 8 pixels are tokens 0-3
+    some = diffusion.training_losses(lambda x, t: output, x0, steps, noise=noise,
+                                     reduce=lambda m: token_mean(m, 2, weights))
+    err = (noise - output[:, :1]) ** 2
+    torch.testing.assert_close(some["mse"], err[:, :, :2, :].mean(dim=(1, 2, 3)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -309,7 +271,7 @@ def test_min_snr_velocity_weight_is_the_x0_rule():
     v_err = torch.randn(3, 5)
     x_t = flow.path(x0, eps, t)
     v = flow.velocity_target(x0, eps)
-    x0_err = flow.x0_from_velocity(x_t, t, v + v_err) - x0
+    x0_err = (x_t - t[:, None] * (v + v_err)) - x0  # x_0 = x_t - t v
     weighted = min_snr_weight(flow.snr(t), 5.0, "velocity") * v_err.square().mean(1)
     torch.testing.assert_close(weighted, torch.clamp(flow.snr(t), max=5.0) * x0_err.square().mean(1))
     assert math.isclose(float(min_snr_weight(torch.tensor(4.0), 5.0, "velocity")), 4.0 / 9.0, rel_tol=1e-6)

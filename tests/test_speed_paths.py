@@ -3,9 +3,8 @@
 * the official-style reference of ``benchmarks/official_style.py`` (what ``benchmarks/cpu_vs_official.py`` times
   dit_core against) equals the independent float64 forward of ``reference_dit.py`` to fp32 round-off, and dit_core's
   model, loss and reverse step with the same weights exactly;
-* the guided forward done once on the doubled batch and in place (``DiT.forward_guided``, ``forward_with_cfg``
-  without autograd) equals the out-of-place formula bit for bit, and ``generate`` gives the same samples through it
-  as through the official ``forward_with_cfg``;
+* the guided forward done once on the doubled batch and in place (``forward_with_cfg`` without autograd)
+  equals the out-of-place formula bit for bit;
 * compiled paths (``runtime.compile_dit``, blocks or whole model, with the sigmoid form of the tanh GELU) equal
   eager within 1e-5 (outputs) and 1e-4 (gradients, relative), on the CPU;
 * a pinned SDPA kernel (flash: PyTorch's CPU kernel) equals PyTorch's choice; int8 sampling (``int8_copy``) is
@@ -35,7 +34,7 @@ from dit_core import runtime  # noqa: E402
 from dit_core.attention import set_sdpa_kernel  # noqa: E402
 from dit_core.diffusion import create_diffusion  # noqa: E402
 from dit_core.models import DiT, TanhGELU  # noqa: E402
-from dit_core.sample import generate  # noqa: E402
+from dit_core.sample import generate, guided  # noqa: E402
 from dit_core.sample.samplers import INT8_LAYERS, int8_copy  # noqa: E402
 
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10)
@@ -114,44 +113,21 @@ def test_guided_forward_in_place_is_bit_identical(channels):
     x, t, y = inputs()
     k = 4 if channels is None else channels
     null = torch.full_like(y, 10)
+    xx, tt, yy = torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null])
     with torch.no_grad():
-        out = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]))
-        guided = model.forward_guided(x, t, y, 4.0, channels)
-        doubled = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), 4.0, channels)
+        out = model(xx, tt, yy)
+        doubled = model.forward_with_cfg(xx, tt, yy, 4.0, channels)
     cond, uncond = out[:4, :k], out[4:, :k]
     expect_eps = uncond + 4.0 * (cond - uncond)
-    assert torch.equal(guided[:, :k], expect_eps) and torch.equal(guided[:, k:], out[:4, k:])
-    assert torch.equal(doubled[:4], guided)
+    assert torch.equal(doubled[:4, :k], expect_eps) and torch.equal(doubled[:4, k:], out[:4, k:])
     assert torch.equal(doubled[4:, :k], expect_eps) and torch.equal(doubled[4:, k:], out[4:, k:])
+    assert torch.equal(guided(model, 4.0, channels)(x, t, y), doubled[:4])  # what the samplers call
     # with autograd the out-of-place form runs, and gives the same numbers and a gradient
     xg = x.clone().requires_grad_(True)
-    with_grad = model.forward_guided(xg, t, y, 4.0, channels)
-    assert torch.equal(with_grad.detach(), guided)
+    with_grad = model.forward_with_cfg(torch.cat([xg, xg]), tt, yy, 4.0, channels)
+    assert torch.equal(with_grad.detach(), doubled)
     with_grad.sum().backward()
     assert xg.grad is not None and torch.isfinite(xg.grad).all()
-
-
-class OnlyForwardWithCfg(torch.nn.Module):
-    """The DiT interface without ``forward_guided`` (another implementation): the sampler's fallback path."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.inner = model
-        for name in ("num_classes", "in_channels", "input_size", "learn_sigma", "y_embedder"):
-            setattr(self, name, getattr(model, name))
-
-    def forward(self, x, t, y):
-        return self.inner(x, t, y)
-
-    def forward_with_cfg(self, *args, **kwargs):
-        return self.inner.forward_with_cfg(*args, **kwargs)
-
-
-def test_generate_gives_the_same_samples_through_forward_guided():
-    _, model = pair()
-    labels = torch.tensor([1, 2, 3])
-    kw = dict(cfg_scale=4.0, sampler="ddpm", steps=4, seed=3, clip_denoised=False, guidance_channels=3)
-    assert torch.equal(generate(model, None, labels, **kw), generate(OnlyForwardWithCfg(model), None, labels, **kw))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -325,8 +301,8 @@ def test_trainer_compiles_so_that_gradients_are_exact():
 @needs_compiler
 def test_trainer_compiles_the_forward_that_an_objective_runs():
     """With an objective option (here the flow objective of the small-images profile) the step runs the
-    objective's TrainingModel, which calls the DiT's parts itself: ``compile: true`` must compile that module,
-    not only ``DiT.forward`` (which that step never calls), and its gradients must stay those of eager."""
+    objective's TrainingModel around the DiT: ``compile: true`` must compile the forward pass that step runs,
+    and its gradients must stay those of eager."""
     from dit_core.diffusion import create_process
     from dit_core.train.objectives import Objective, ObjectiveOptions
     from dit_core.train.step import compile_blocks
@@ -346,7 +322,7 @@ def test_trainer_compiles_the_forward_that_an_objective_runs():
         objective = Objective(ObjectiveOptions(objective="flow"), create_process("flow", learn_sigma=False), model,
                               batch_size=4)
         if compiled:
-            compile_blocks(model, objective.module)
+            compile_blocks(model)
         before = torch._dynamo.utils.counters["frames"]["ok"]
         out, _ = objective.module(x, t, y)
         out.pow(2).mean().backward()

@@ -447,7 +447,7 @@ def test_an_image_folder_with_flips_is_preloaded_and_flipped_as_the_loader_does(
     from dit_core.data import ImageFolderDataset
     from dit_core.data.shapes import generate_shapes
     from dit_core.train.batches import SeededItems
-    from dit_core.train.loop import flipped_batch, flips_only, item_flips, preload, unflipped
+    from dit_core.train.batches import flipped_batch, flips_only, item_flips, preload, unflipped
 
     folder = generate_shapes(tmp_path / "shapes", per_class=4)
     ds = ImageFolderDataset(folder, 8, flip=True)

@@ -3,7 +3,14 @@
     dit-train --config digits --out runs/digits                 # the CPU default: exports the digits itself
     dit-train --config rtx3090-24gb --latents-path LATENTS --out runs/xl
     dit-train --config runs/xl/config.yaml --resume true        # continue a run
-    torchrun --nproc_per_node 4 -m dit_core.train --config a100-80gb --latents-path LATENTS --out runs/xl4
+    torchrun --standalone --nproc_per_node 4 -m dit_core.train --config a100-80gb --latents-path LATENTS --out runs/xl4
+
+On a CPU, ``cpu_processes`` (0: one per usable core) makes ``dit-train`` start that many processes itself, through
+PyTorch's own launcher: the same as ``torchrun --standalone --nproc_per_node N --local-ranks-filter 0 -m
+dit_core.train ...`` with ``OMP_NUM_THREADS`` set to the usable cores over N (:func:`run_processes`). A small DiT
+keeps one CPU core busy but not two (its matrix products are too small for torch's threads to share well), so two
+processes of one thread each train faster than one process of two threads; the processes compute what one
+process computes (:mod:`dit_core.train.distributed`), so the run is the same run.
 
 ``--config`` takes a bundled profile name or a YAML file; every other ``--key value`` overrides one config
 key (``--key=value`` works too, a bare ``--flag`` means true). Hyphens and underscores are the same, and the
@@ -56,6 +63,51 @@ def parse_args(argv: list[str]) -> tuple[str | None, dict]:
     return profile, overrides
 
 
+def planned_processes(cfg: TrainConfig, usable: int | None = None) -> int:
+    """How many processes ``dit-train`` should start for ``cfg``: 1 unless the run is on the CPU, was not
+    started by torchrun, and ``cpu_processes`` asks for more (0: one per usable core). Each process needs at
+    least one image of every micro-batch, and the batch must split evenly."""
+    if "WORLD_SIZE" in os.environ or cfg.cpu_processes == 1 or cfg.debug:
+        return 1
+    from dit_core.runtime import resolve_device, usable_cores
+
+    if resolve_device(cfg.device).type != "cpu":
+        return 1
+    n = cfg.cpu_processes or (usable if usable is not None else usable_cores())
+    per_step = cfg.batch_size // max(1, cfg.grad_accum)
+    n = min(n, per_step)
+    while n > 1 and per_step % n:
+        n -= 1
+    return max(1, n)
+
+
+def run_processes(n: int, argv: list[str], usable: int | None = None) -> int:
+    """Train in ``n`` processes on this machine through ``torch.distributed.run`` (torchrun), rank 0's output on
+    the terminal. SIGTERM, SIGINT (Ctrl-C) and SIGHUP reach the launcher, which passes the signal on to every
+    process and waits for them to save (:mod:`dit_core.train.preempt`). Returns the exit status: 0, the first
+    failing process's, or 128 + the signal's number."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    from dit_core.runtime import usable_cores
+
+    threads = max(1, (usable if usable is not None else usable_cores()) // n)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the launcher passes it on to the processes
+    print(f"dit-train: {n} processes on the CPU, {threads} thread(s) each (torchrun, DDP over gloo; cpu_processes: 1 "
+          "trains in one)", flush=True)
+    args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={n}", "--local-ranks-filter=0",
+                                         "--module", "dit_core.train", *argv])
+    try:
+        run(args)
+    except ChildFailedError as err:
+        code = next(iter(err.failures.values())).exitcode
+        return code if code > 0 else 128 - code  # a death by signal N: 128 + N, as a shell reports it
+    except SignalException as err:
+        return 128 + int(err.sigval)
+    return 0
+
+
 def config_from_args(argv: list[str]) -> TrainConfig:
     profile, overrides = parse_args(argv)
     return make_config(profile, overrides)
@@ -77,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"dit-train: error: {err}", file=sys.stderr)
         return 2
-    from dit_core.train.launch import planned_processes, run_processes
-
     processes = planned_processes(cfg)
     if processes > 1:
         return run_processes(processes, argv)

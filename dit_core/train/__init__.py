@@ -13,7 +13,6 @@
 - :mod:`.state`        checkpoints with everything needed to resume exactly
 - :mod:`.monitor`      progress bar, metrics.jsonl, TensorBoard, summary
 - :mod:`.distributed`  torchrun + DistributedDataParallel
-- :mod:`.launch`       ``cpu_processes``: ``dit-train`` starts its own DDP processes on a CPU (a small torchrun)
 
 ``dit-train`` (and ``python -m dit_core.train``) is the command line, :mod:`dit_core.cli.train`. Importing this
 package does not import torch (:func:`train` is loaded when first used), so the command line can set up the

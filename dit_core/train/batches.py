@@ -21,9 +21,13 @@ of the previous steps; process ``r`` of ``W`` takes, for micro-batch ``a``, the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from . import distributed
+from .config import ConfigError
 
 # Separate streams, so that changing one use of randomness never shifts another.
 STREAM_ORDER, STREAM_ITEMS, STREAM_STEP = 1, 2, 3
@@ -146,3 +150,132 @@ class MicroBatches:
             items = self.step_items(step)
             for micro in range(self.grad_accum):
                 yield items[micro_slice(self.batch_size, self.grad_accum, self.world_size, self.rank, micro)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The micro-batches of a run: from a DataLoader, or from memory
+# ----------------------------------------------------------------------------------------------------------
+
+#: A dataset is kept in memory (``preload: auto``) when its items take less than this many bytes as float32.
+PRELOAD_MAX_BYTES = 2**28
+
+
+def _base(dataset):
+    return dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
+
+
+def is_deterministic(dataset) -> bool:
+    """True when ``dataset[i]`` is always the same tensor (no flip, no latent posterior draw)."""
+    return not getattr(_base(dataset), "flip", False) and not getattr(_base(dataset), "sample", False)
+
+
+def flips_only(dataset) -> bool:
+    """True when ``dataset[i]`` varies only by a horizontal flip (an image folder with ``flip`` on): its items
+    can be kept in memory unflipped and flipped per item (:func:`flipped_batch`)."""
+    base = _base(dataset)
+    return bool(getattr(base, "flip", False)) and not getattr(base, "sample", False) and hasattr(base, "load")
+
+
+def unflipped(dataset):
+    """The same dataset with flips off (a shallow copy; the caller's dataset is left as it is)."""
+    import copy
+
+    if isinstance(dataset, torch.utils.data.Subset):
+        return torch.utils.data.Subset(unflipped(dataset.dataset), dataset.indices)
+    view = copy.copy(dataset)
+    view.flip = False
+    return view
+
+
+def item_flips(seeds) -> torch.Tensor:
+    """Whether each item is flipped: the first draw of torch's generator seeded with the item's seed, as
+    :class:`SeededItems` reading an image folder decides it (``torch.rand(()) < 0.5``)."""
+    return torch.tensor([bool(torch.rand((), generator=torch.Generator().manual_seed(int(s))) < 0.5) for s in seeds],
+                        dtype=torch.bool)
+
+
+def flipped_batch(x_all: torch.Tensor, y_all: torch.Tensor, items) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch ``items`` (``(index, seed)`` pairs) from unflipped preloaded tensors, each image flipped as
+    the data loader would have flipped it: the same batches, without decoding the files at every step."""
+    index = [i for i, _ in items]
+    x, flips = x_all[index], item_flips([s for _, s in items]).to(x_all.device)
+    return torch.where(flips[:, None, None, None], x.flip(-1), x), y_all[index]
+
+
+def preload(dataset, device: torch.device):
+    """Every item of a small deterministic dataset, as two tensors on ``device``."""
+    xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
+    return torch.stack(xs).to(device), torch.as_tensor(ys, dtype=torch.long).to(device)
+
+
+def micro_batches(dataset, sampler: MicroBatches, *, preload_mode: str, num_workers: int, device: torch.device,
+                  worker_init_fn=None):
+    """The iterator of ``(x, y, ...)`` micro-batches that ``sampler`` lists. Small datasets are kept in memory
+    (``preload_mode``: auto, true, false), decoded once; an image folder with flips is kept unflipped and each
+    item flipped from its seed, exactly as the data loader would (measured: 13 % of the step spent decoding 32 px
+    files at 1.6 steps/s on one core). Otherwise a DataLoader with ``num_workers`` reads them, seeded per item
+    (:class:`SeededItems`), so the batches are the same either way."""
+    item_bytes = 4 * int(np.prod(tuple(dataset[0][0].shape))) if preload_mode == "auto" else 0
+    use = preload_mode == "true" or (preload_mode == "auto" and (is_deterministic(dataset) or flips_only(dataset))
+                                     and len(dataset) * item_bytes < PRELOAD_MAX_BYTES)
+    if use and flips_only(dataset):
+        x_all, y_all = preload(unflipped(dataset), device)
+        return (flipped_batch(x_all, y_all, items) for items in sampler)
+    if use:
+        if not is_deterministic(dataset):
+            raise ValueError("preload keeps one copy of every item, which would freeze random flips; use "
+                             "--flip false or --preload false")
+        x_all, y_all = preload(dataset, device)
+        return ((x_all[[i for i, _ in items]], y_all[[i for i, _ in items]]) for items in sampler)
+    loader = torch.utils.data.DataLoader(
+        SeededItems(dataset), batch_sampler=sampler, num_workers=num_workers, pin_memory=device.type == "cuda",
+        persistent_workers=False, worker_init_fn=worker_init_fn,
+        # its own generator: creating the iterator then draws nothing from torch's global one
+        generator=torch.Generator().manual_seed(derive_seed(sampler.seed, sampler.rank, 13)),
+    )
+    return iter(loader)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The dataset a run names
+# ----------------------------------------------------------------------------------------------------------
+
+
+def open_training_data(cfg, out: Path, procs):
+    """The dataset named by the config: latents, an ImageFolder, or the digits (exported on first use)."""
+    from ..latents import open_dataset
+
+    path = cfg.latents_path or cfg.data_path
+    if path is None:
+        raise ConfigError(
+            "no training data: pass --data-path ROOT (an ImageFolder: ROOT/<class>/<image>), --latents-path DIR "
+            "(pre-extracted latents), or use --config digits, which needs no data"
+        )
+    if cfg.latents_path is None and str(cfg.data_path) == "digits":
+        from ..data import export_digits
+
+        path = out / "data" / "digits"
+        if procs.is_main:
+            export_digits(path)
+        distributed.barrier(procs)
+    path = Path(path).expanduser()
+    if not path.exists():
+        flag = "--latents-path" if cfg.latents_path else "--data-path"
+        raise FileNotFoundError(
+            f"training data not found: {flag} {str(path)!r} does not exist. Pass the folder that holds one "
+            "sub-folder per class (ROOT/<class>/<image>, or ROOT/train/<class>/<image>), or a latent "
+            "extraction folder; `dit-data check ROOT` checks an image folder."
+        )
+    mode = "L" if cfg.channels == 1 else "RGB"
+    return open_dataset(path, image_size=cfg.image_size, mode=mode, flip=cfg.flip, split=None)
+
+
+def describe(dataset) -> tuple[tuple[int, int, int], int]:
+    """``(sample_shape, num_classes)`` of a dataset (attributes, else read off the first item)."""
+    shape = getattr(dataset, "sample_shape", None) or tuple(dataset[0][0].shape)
+    num_classes = getattr(dataset, "num_classes", None)
+    if num_classes is None:
+        raise ConfigError("the dataset must have a num_classes attribute (0 for unlabelled data)")
+    if len(shape) != 3 or shape[1] != shape[2]:
+        raise ConfigError(f"DiT trains on square (C, H, W) inputs; the dataset gives {shape}")
+    return tuple(int(s) for s in shape), int(num_classes)

@@ -33,6 +33,8 @@ import contextlib
 import math
 from time import perf_counter as _clock  # one name, so that tests can give the budget a clock
 
+from . import distributed
+
 #: Untimed first steps.
 SETTLE = 3
 #: Timed steps: at least this many ...
@@ -40,6 +42,8 @@ MIN_TIMED = 5
 #: ... and at most this many (fewer when the warm-up ends sooner). A long window averages over the speed's
 #: ups and downs on a shared machine (measured on a 2-core CPU: windows of 50 steps between 204 and 275 ms a step).
 MAX_TIMED = 200
+#: Steps between two looks at the clock for the deadline (under torchrun each look is a collective).
+CHECK_EVERY = 10
 
 
 def decision_step(warmup_steps: int) -> int:
@@ -128,3 +132,19 @@ class TimeBudget:
         return (f"time budget {self.minutes:g} min: {self.step_s * 1000:.0f} ms a step (steps {self.first + 1}-"
                 f"{self.end}), so {self.planned} steps" + (" (the max_steps cap)" if self.planned == self.cap else ""))
 
+    def check(self, step: int, max_steps: int, procs) -> tuple[int | None, str | None]:
+        """What the loop calls after each step (``step``: steps done): ``(length, message)``, the run's new length
+        and a line for the log when it changes here, else ``(None, None)``. The length is fixed once, at the end
+        of the timed window (under torchrun the slowest process's length holds for all), and cut to ``step``
+        when the minutes are spent (by the main process's clock: only it writes the grids and checkpoints that
+        the budget leaves out, the others wait for it meanwhile), so that all processes end together."""
+        decided = self.after_step(step)
+        if decided is not None:
+            self.planned = int(-distributed.max_over_processes(-decided, procs))
+            return self.planned, self.describe()
+        if self.step_s is None or step >= max_steps or step % CHECK_EVERY:
+            return None, None
+        if distributed.max_over_processes(float(self.spent()) if procs.is_main else 0.0, procs):
+            return step, (f"time budget {self.minutes:g} min spent at step {step} of {max_steps} (the steps became "
+                          f"slower than measured): the run ends here; --resume true trains on to step {max_steps}")
+        return None, None

@@ -25,6 +25,7 @@ from typing import Literal
 import yaml
 
 from ..atomic import atomic_write_text
+from ..diffusion import SAMPLERS, sampler_objective
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -74,9 +75,6 @@ class TrainConfig:
     objective: Literal["ddpm", "flow"] = _f("ddpm", "ddpm: DiT's noise prediction and hybrid loss; flow: the linear "
                                                     "interpolant with velocity prediction (SiT; needs --learn-sigma "
                                                     "false, samples with euler/heun/euler-maruyama)")
-    flow_prediction: Literal["velocity", "data"] = _f("velocity", "with objective flow, what the network outputs: "
-                                                                  "velocity (SiT) or data, the clean image (JiT, "
-                                                                  "Li & He 2025); the loss is the velocity MSE")
     timestep_sampling: Literal["uniform", "logit_normal"] = _f("uniform", "training times: uniform, or logit_normal "
                                                                         "t = sigmoid(n), n ~ N(logit_mean, logit_std) "
                                                                         "(SD3); ddpm uses step floor(t T)")
@@ -134,7 +132,7 @@ class TrainConfig:
     device: str = _f("auto", "cuda, cpu, cuda:1, mps, or auto")
     cpu_processes: int = _f(1, "on the CPU, train in this many processes (DDP over gloo), started by dit-train "
                                "itself, the cores shared among them; 0: one per usable core. A small model "
-                               "uses 2 cores better as 2 processes than as 2 threads (dit_core.train.launch)")
+                               "uses 2 cores better as 2 processes than as 2 threads (dit_core.cli.train.run_processes)")
     threads: int = _f(0, "torch's CPU threads for this run (0: leave torch's default, or OMP_NUM_THREADS); a "
                          "small model on a CPU can run faster on 1 thread than on 2")
 
@@ -152,14 +150,10 @@ class TrainConfig:
     sample_classes: list | None = _f(None, "classes shown in the sample grids (default: up to 10)")
     sample_per_class: int = _f(4, "samples per class in the grids")
     sample_steps: int = _f(50, "sampler steps for the grids")
-    sample_sampler: Literal["ddim", "ddpm", "dpm-solver++", "euler", "heun", "euler-maruyama",
-                            "euler-langevin"] = _f(
-        "ddim", "sampler for the grids: ddim, ddpm or dpm-solver++; with objective flow: euler (= ddim), heun, "
-                "euler-maruyama or euler-langevin")
+    sample_sampler: Literal[tuple(SAMPLERS)] = _f(
+        "ddim", "sampler for the grids (dit_core.diffusion.SAMPLERS): ddim, ddpm or dpm-solver++; with objective "
+                "flow: euler (= ddim), heun or euler-maruyama")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
-    sample_cfg_schedule: Literal["constant", "linear"] = _f(
-        "constant", "guidance along the path: constant (the paper) or linear (from 1 at pure noise to "
-                    "2 sample_cfg_scale - 1 at the image; dit_core.sample.guidance_scale)")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
     tensorboard: bool = _f(True, "write TensorBoard logs to <out>/tb")
@@ -316,12 +310,21 @@ def read_profile(name_or_path: str | os.PathLike) -> dict:
     return data
 
 
+#: The keys that size a model beside its name (``model``).
+MODEL_SIZE_KEYS = ("depth", "hidden_size", "num_heads", "patch_size")
+
+
 def make_config(profile: str | os.PathLike | None = None, overrides: dict | None = None) -> TrainConfig:
-    """Defaults, then the profile, then ``overrides`` (keys in any accepted spelling)."""
+    """Defaults, then the profile, then ``overrides`` (keys in any accepted spelling). A model name in the
+    overrides sets the model's size: the profile's size keys (:data:`MODEL_SIZE_KEYS`) are dropped, and only size
+    keys given beside the name override it (the trainer reports them)."""
     values: dict = {}
     sources = [read_profile(profile)] if profile is not None else []
     sources.append(overrides or {})
     for source in sources:
+        if "model" in {canonical(str(key)) for key in source}:
+            for key in MODEL_SIZE_KEYS:
+                values.pop(key, None)
         for key, value in source.items():
             name = canonical(str(key))
             values[name] = coerce(name, value)
@@ -372,17 +375,12 @@ def validate(cfg: TrainConfig) -> None:
 def _objective_problems(cfg: TrainConfig) -> list[str]:
     """The settings of :mod:`dit_core.train.objectives` that cannot work, each with its fix."""
     problems = []
-    if cfg.objective != "flow" and cfg.flow_prediction != "velocity":
-        problems.append(f"flow_prediction {cfg.flow_prediction} needs objective flow: add --objective flow "
-                        "--learn-sigma false, or drop flow_prediction")
     if cfg.objective == "flow" and cfg.learn_sigma:
         problems.append("objective flow predicts a velocity and learns no variance: add --learn-sigma false")
-    flow_samplers = ("euler", "heun", "euler-maruyama", "euler-langevin", "ddim")
-    if cfg.objective == "flow" and cfg.sample_sampler not in flow_samplers:
-        problems.append(f"sample_sampler {cfg.sample_sampler} samples DDPM models; objective flow samples with "
-                        "euler (= ddim), heun, euler-maruyama or euler-langevin")
-    if cfg.objective == "ddpm" and cfg.sample_sampler in ("euler", "heun", "euler-maruyama", "euler-langevin"):
-        problems.append(f"sample_sampler {cfg.sample_sampler} samples objective flow; use ddim, ddpm or dpm-solver++")
+    try:
+        sampler_objective(cfg.sample_sampler, cfg.objective)
+    except ValueError as err:
+        problems.append(f"sample_sampler: {err}")
     if cfg.logit_std <= 0 or cfg.min_snr_gamma <= 0:
         problems.append(f"logit_std ({cfg.logit_std}) and min_snr_gamma ({cfg.min_snr_gamma}) must be > 0")
     if not 0.0 <= cfg.mask_ratio < 1.0:

@@ -25,21 +25,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ..atomic import DiskFullError, atomic_write_text
+from ..atomic import atomic_write_text
 from ..diffusion import create_process
 from ..models import DiT, model_kwargs
 from ..runtime import compiler_missing, cpu_bf16_speedup, cpu_has_fast_bf16, resolve_precision, set_tf32
 from . import distributed
-from .batches import DataOrder, MicroBatches, SeededItems, derive_seed
+from .batches import DataOrder, MicroBatches, describe, micro_batches, open_training_data
 from .budget import TimeBudget
-from .config import ConfigError, TrainConfig, save_yaml, to_dict
+from .config import MODEL_SIZE_KEYS, ConfigError, TrainConfig, save_yaml, to_dict
 from .ema import create_ema
 from .grids import sample_grid
 from .guard import TrainingDiverged
@@ -47,7 +45,8 @@ from .monitor import Monitor, format_summary, peak_memory_gb
 from .objectives import build_objective
 from .optimizer import make_optimizer
 from .preempt import StopSignals, ignore_stop_signals
-from .state import load_checkpoint, save_checkpoint
+from .preflight import check_before_training, recheck_for_length
+from .state import Saved, load_checkpoint, resume_path, save_or_explain, seed_global_generators
 from .step import StepOptions, TrainStep, compile_blocks
 
 # ----------------------------------------------------------------------------------------------------------
@@ -83,52 +82,6 @@ def debug_config(cfg: TrainConfig, world_size: int) -> TrainConfig:
     )
 
 
-def open_training_data(cfg: TrainConfig, out: Path, procs):
-    """The dataset named by the config: latents, an ImageFolder, or the digits (exported on first use)."""
-    from ..latents import open_dataset
-
-    path = cfg.latents_path or cfg.data_path
-    if path is None:
-        raise ConfigError(
-            "no training data: pass --data-path ROOT (an ImageFolder: ROOT/<class>/<image>), --latents-path DIR "
-            "(pre-extracted latents), or use --config digits, which needs no data"
-        )
-    if cfg.latents_path is None and str(cfg.data_path) == "digits":
-        from ..data import export_digits
-
-        path = out / "data" / "digits"
-        if procs.is_main:
-            export_digits(path)
-        distributed.barrier(procs)
-    path = Path(path).expanduser()
-    if not path.exists():
-        flag = "--latents-path" if cfg.latents_path else "--data-path"
-        raise FileNotFoundError(
-            f"training data not found: {flag} {str(path)!r} does not exist. Pass the folder that holds one "
-            "sub-folder per class (ROOT/<class>/<image>, or ROOT/train/<class>/<image>), or a latent "
-            "extraction folder; `dit-data check ROOT` checks an image folder."
-        )
-    mode = "L" if cfg.channels == 1 else "RGB"
-    return open_dataset(path, image_size=cfg.image_size, mode=mode, flip=cfg.flip, split=None)
-
-
-def describe(dataset) -> tuple[tuple[int, int, int], int]:
-    """``(sample_shape, num_classes)`` of a dataset (attributes, else read off the first item)."""
-    shape = getattr(dataset, "sample_shape", None) or tuple(dataset[0][0].shape)
-    num_classes = getattr(dataset, "num_classes", None)
-    if num_classes is None:
-        raise ConfigError("the dataset must have a num_classes attribute (0 for unlabelled data)")
-    if len(shape) != 3 or shape[1] != shape[2]:
-        raise ConfigError(f"DiT trains on square (C, H, W) inputs; the dataset gives {shape}")
-    return tuple(int(s) for s in shape), int(num_classes)
-
-
-def is_deterministic(dataset) -> bool:
-    """True when ``dataset[i]`` is always the same tensor (no flip, no latent posterior draw)."""
-    base = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
-    return not getattr(base, "flip", False) and not getattr(base, "sample", False)
-
-
 def dit_arguments(cfg: TrainConfig, sample_shape, num_classes: int) -> dict:
     """The DiT's constructor arguments for this data: a named configuration with the config's overrides,
     sized to the data (its sample shape and class count)."""
@@ -141,10 +94,20 @@ def dit_arguments(cfg: TrainConfig, sample_shape, num_classes: int) -> dict:
                 class_dropout_prob=cfg.class_dropout_prob if num_classes else 0.0, learn_sigma=cfg.learn_sigma)
 
 
-def build_model(cfg: TrainConfig, sample_shape, num_classes: int) -> DiT:
-    """The DiT for this data (:func:`dit_arguments`), with the configured attention and checkpointing."""
-    return DiT(**dit_arguments(cfg, sample_shape, num_classes), attn_backend=cfg.attn_backend,
-               grad_checkpointing=cfg.grad_checkpointing)
+def build_model(cfg: TrainConfig, sample_shape, num_classes: int, show: bool = False) -> DiT:
+    """The DiT for this data (:func:`dit_arguments`), with the configured attention and checkpointing; ``show``
+    prints what is built, and which size keys given beside the model's name override its size."""
+    model = DiT(**dit_arguments(cfg, sample_shape, num_classes), attn_backend=cfg.attn_backend,
+                grad_checkpointing=cfg.grad_checkpointing)
+    if show:
+        named = model_kwargs(cfg.model)
+        changed = [f"{k} {getattr(cfg, k)}" for k in MODEL_SIZE_KEYS
+                   if getattr(cfg, k) is not None and getattr(cfg, k) != named[k]]
+        print(f"model: {cfg.model}" + (f" with {', '.join(changed)} (set beside the name, overriding its size)"
+                                        if changed else "")
+              + f": {model.depth} blocks, width {model.hidden_size}, {model.num_heads} heads, patch "
+              f"{model.patch_size}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters", flush=True)
+    return model
 
 
 #: ``compile: auto`` compiles runs planned for at least this many steps: compiling the small-images step took
@@ -169,128 +132,14 @@ def should_compile(cfg: TrainConfig, device: torch.device, show: bool = True) ->
     return missing is None
 
 
-def seed_global_generators(seed: int, rank: int) -> None:
-    """Seed torch's, numpy's and Python's global generators from the run's seed, one stream per process: the
-    training draws its numbers from ``(seed, step)``, but whatever else draws from them (a library, code added
-    to the loop) then starts from the same state in every run, and the checkpoint stores these states."""
-    torch.manual_seed(seed + rank)
-    np.random.seed(derive_seed(seed, rank, 11) % 2**32)
-    random.seed(derive_seed(seed, rank, 12))
-
-
-def resume_path(cfg: TrainConfig, out: Path) -> Path | None:
-    """Which checkpoint to continue from, if any (see ``--resume``)."""
-    last = out / "checkpoints" / "last.pt"
-    resume = cfg.resume
-    if isinstance(resume, str) and resume.lower() in ("true", "yes", "1"):
-        resume = True
-    if isinstance(resume, str) and resume.lower() in ("false", "no", "0", ""):
-        resume = False
-    if resume is False:
-        if last.exists():
-            raise ConfigError(
-                f"{out} already holds a run ({last} exists): pass --resume true to continue it, or choose "
-                "another --out folder to start a new one"
-            )
-        return None
-    if resume == "auto":
-        return last if last.exists() else None
-    path = last if resume is True else Path(resume)
-    if not path.exists():
-        raise FileNotFoundError(f"nothing to resume: no checkpoint at {path}")
-    return path
-
-
-def flips_only(dataset) -> bool:
-    """True when ``dataset[i]`` varies only by a horizontal flip (an image folder with ``flip`` on): its items
-    can be kept in memory unflipped and flipped per item (:func:`flipped_batch`)."""
-    base = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
-    return bool(getattr(base, "flip", False)) and not getattr(base, "sample", False) and hasattr(base, "load")
-
-
-def unflipped(dataset):
-    """The same dataset with flips off (a shallow copy; the caller's dataset is left as it is)."""
-    import copy
-
-    if isinstance(dataset, torch.utils.data.Subset):
-        return torch.utils.data.Subset(unflipped(dataset.dataset), dataset.indices)
-    view = copy.copy(dataset)
-    view.flip = False
-    return view
-
-
-def item_flips(seeds) -> torch.Tensor:
-    """Whether each item is flipped: the first draw of torch's generator seeded with the item's seed, as
-    :class:`~dit_core.train.batches.SeededItems` reading an image folder decides it (``torch.rand(()) < 0.5``)."""
-    return torch.tensor([bool(torch.rand((), generator=torch.Generator().manual_seed(int(s))) < 0.5) for s in seeds],
-                        dtype=torch.bool)
-
-
-def flipped_batch(x_all: torch.Tensor, y_all: torch.Tensor, items) -> tuple[torch.Tensor, torch.Tensor]:
-    """A micro-batch ``items`` (``(index, seed)`` pairs) from unflipped preloaded tensors, each image flipped as
-    the data loader would have flipped it: the same batches, without decoding the files at every step."""
-    index = [i for i, _ in items]
-    x, flips = x_all[index], item_flips([s for _, s in items]).to(x_all.device)
-    return torch.where(flips[:, None, None, None], x.flip(-1), x), y_all[index]
-
-
-def preload(dataset, device: torch.device):
-    """Every item of a small deterministic dataset, as two tensors on ``device``."""
-    xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
-    return torch.stack(xs).to(device), torch.as_tensor(ys, dtype=torch.long).to(device)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------------------
 
 
-def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: bool = True) -> list:
-    """Pre-flight (:mod:`dit_core.train.preflight`): print what cannot work in this run, with the key and the
-    fix, before the first step; raise a :class:`ConfigError` for the findings that are certain to fail. Every
-    process checks (the check is pure and reads a few file headers), so all of them stop together; only the
-    main process prints. Returns the findings."""
-    from .preflight import DatasetFacts, errors, format_findings, preflight
-
-    if cfg.debug:  # the facts of the whole dataset, not of --debug's subset
-        dataset = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
-    findings = preflight(cfg, DatasetFacts.of(dataset, num_classes))
-    fatal = errors(findings)
-    if fatal:
-        raise ConfigError("pre-flight: this run cannot work:\n" + format_findings(fatal))
-    if findings and show:
-        print(format_findings(findings), flush=True)
-    return findings
-
-
 def save_run_config(cfg: TrainConfig, out: Path, run_config: dict) -> None:
     """``<out>/config.yaml``: the settings, and under ``run:`` the facts of this run (precision, classes, ...)."""
     save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
-
-
-#: Steps between two looks at the clock for a time budget's deadline (under torchrun each look is a collective).
-BUDGET_CHECK_EVERY = 10
-
-
-def budget_spent(budget: TimeBudget, procs) -> bool:
-    """Whether the time budget's minutes are spent, by the main process's clock (only it leaves the grids and
-    checkpoints it writes out of the budget; the others wait for it meanwhile): all processes end together."""
-    return bool(distributed.max_over_processes(float(budget.spent()) if procs.is_main else 0.0, procs))
-
-
-def recheck_for_length(planned: TrainConfig, steps: int, dataset, num_classes: int, shown: list, monitor) -> list:
-    """Pre-flight again once a time budget has fixed the run's length (the checks that count steps could not
-    know it before the first step): writes the findings not shown before; returns all of them."""
-    from .preflight import DatasetFacts, format_findings, preflight
-
-    if planned.debug or steps >= planned.max_steps:  # the cap, which the first check saw, rules: nothing new
-        return shown
-    findings = preflight(dataclasses.replace(planned, max_steps=steps), DatasetFacts.of(dataset, num_classes),
-                         budgeted=True)
-    new = [f for f in findings if f not in shown and f.level == "warning"]
-    if new:
-        monitor.write(format_findings(new))
-    return findings
 
 
 def train(cfg: TrainConfig, dataset=None) -> dict:
@@ -310,11 +159,11 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
         torch.set_num_threads(previous)
 
 
-def _train(cfg: TrainConfig, dataset=None) -> dict:
-    t_start = time.perf_counter()
+def start(cfg: TrainConfig):
+    """``(procs, cfg, precision, out)``: the processes and device (DDP under torchrun), the config (``--debug``'s
+    5 steps), the autocast precision and the run folder, with what cannot work said before anything is built."""
     procs = distributed.setup(cfg.device)
     device = procs.device
-    planned = cfg  # what pre-flight checks: the run as configured, not --debug's 5 steps
     if cfg.debug:
         cfg = debug_config(cfg, procs.world_size)
     try:
@@ -326,19 +175,36 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
               "CPU; --mixed-precision bf16|fp32 to choose)", flush=True)
     if device.type == "cuda":
         set_tf32(cfg.tf32)
-    micro_batch, rem = divmod(cfg.batch_size, cfg.grad_accum * procs.world_size)
-    if rem or micro_batch < 1:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} must be a multiple of grad_accum x processes = {cfg.grad_accum} x "
-            f"{procs.world_size}"
-        )
+    if cfg.batch_size % (cfg.grad_accum * procs.world_size) or cfg.batch_size < cfg.grad_accum * procs.world_size:
+        raise ConfigError(f"batch_size {cfg.batch_size} must be a multiple of grad_accum x processes = "
+                          f"{cfg.grad_accum} x {procs.world_size}")
     out = Path(cfg.out)
     if procs.is_main:
         out.mkdir(parents=True, exist_ok=True)
+    return procs, cfg, precision, out
+
+
+def resume_from(path: Path, cfg: TrainConfig, model, ema, opt, stepper, dataset, procs, extras) -> tuple:
+    """Load a checkpoint into the run: ``(step, samples_seen, loss, budget_steps)``."""
+    info = load_checkpoint(path, model=model, ema=ema, opt=opt, scaler=stepper.scaler, dataset_size=len(dataset),
+                           seed=cfg.seed, restore_rng=procs.is_main, extras=extras)
+    if info["config"].get("objective", "ddpm") != cfg.objective:
+        raise ConfigError(f"cannot resume from {path}: it was trained with objective "
+                          f"{info['config'].get('objective', 'ddpm')}, this run asks for {cfg.objective}")
+    stepper.ema_updates = info["ema_updates"]
+    # a time budget's decision is kept (dit_core.train.budget)
+    return (info["step"], info["samples_seen"], float(info["metrics"].get("loss", float("nan"))),
+            info["config"].get("budget_steps"))
+
+
+def _train(cfg: TrainConfig, dataset=None) -> dict:
+    t_start = time.perf_counter()
+    planned = cfg  # what pre-flight checks: the run as configured, not --debug's 5 steps
+    procs, cfg, precision, out = start(cfg)
+    device = procs.device
 
     # -- data ---------------------------------------------------------------------------------------------
-    if dataset is None:
-        dataset = open_training_data(cfg, out, procs)
+    dataset = open_training_data(cfg, out, procs) if dataset is None else dataset
     sample_shape, num_classes = describe(dataset)
     num_classes = num_classes if cfg.class_cond else 0
     classes = list(getattr(dataset, "classes", range(num_classes)))
@@ -349,7 +215,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
 
     # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
-    model = build_model(cfg, sample_shape, num_classes).to(device)
+    model = build_model(cfg, sample_shape, num_classes, show=procs.is_main).to(device)
     # The step drops labels itself from the seeded draws, so DiT's own random label dropout (active only in
     # train mode) is switched off with eval(): DiT has no dropout or batch-norm layers, so eval mode changes
     # nothing else.
@@ -357,141 +223,91 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     ema = create_ema(model, device="cpu" if cfg.ema_device == "cpu" else None)
     # DiT's diffusion, or the linear interpolant of objective "flow" (dit_core.diffusion.flow)
     diffusion = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                               diffusion_steps=cfg.diffusion_steps, flow_prediction=cfg.flow_prediction)
+                               diffusion_steps=cfg.diffusion_steps)
     # None with DiT's recipe; else the options of dit_core.train.objectives, their training-only parameters
     # (trained with the DiT, not part of it) and the teacher of representation alignment
     objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
     trained = objective.module if objective is not None else model
-    opt = make_optimizer(trained, cfg, device, distributed=procs.distributed, precision=precision)
+    opt = make_optimizer(trained, cfg, device)
     if should_compile(cfg, device, procs.is_main):
-        compile_blocks(model, trained)  # compiles the module that the step runs
-    train_model = distributed.wrap(trained, procs)  # DistributedDataParallel under torchrun
+        compile_blocks(model)
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
-                        seed=cfg.seed, procs=procs, train_model=train_model, objective=objective)
+                        seed=cfg.seed, procs=procs, train_model=distributed.wrap(trained, procs), objective=objective)
     extras = objective.extras if objective is not None else None  # saved in checkpoints beside the DiT
     seed_global_generators(cfg.seed, procs.rank)  # per process (the step draws from its own generators)
 
-    # -- resume -------------------------------------------------------------------------------------------
-    step, samples_seen, loss_value, budget_steps = 0, 0, float("nan"), None
+    # -- resume, the time budget, the batches ---------------------------------------------------------------
     ckpt_path = resume_path(cfg, out)
+    step, samples_seen, loss_value, budget_steps = 0, 0, float("nan"), None
     if ckpt_path is not None:
-        info = load_checkpoint(ckpt_path, model=model, ema=ema, opt=opt, scaler=stepper.scaler,
-                               dataset_size=len(dataset), seed=cfg.seed, restore_rng=procs.is_main, extras=extras)
-        if info["config"].get("objective", "ddpm") != cfg.objective:
-            raise ConfigError(f"cannot resume from {ckpt_path}: it was trained with objective "
-                              f"{info['config'].get('objective', 'ddpm')}, this run asks for {cfg.objective}")
-        if info["config"].get("flow_prediction", "velocity") != cfg.flow_prediction:
-            raise ConfigError(f"cannot resume from {ckpt_path}: its network predicts the "
-                              f"{info['config'].get('flow_prediction', 'velocity')}, this run asks for "
-                              f"flow_prediction {cfg.flow_prediction}")
-        step, samples_seen, stepper.ema_updates = info["step"], info["samples_seen"], info["ema_updates"]
-        loss_value = float(info["metrics"].get("loss", loss_value))
-        budget_steps = info["config"].get("budget_steps")  # a time budget's decision: kept (dit_core.train.budget)
+        step, samples_seen, loss_value, budget_steps = resume_from(ckpt_path, cfg, model, ema, opt, stepper,
+                                                                   dataset, procs, extras)
     budget = TimeBudget(cfg.max_minutes, cfg.max_steps, cfg.warmup_steps, step, budget_steps,
                         sync=lambda: torch.cuda.synchronize(device) if device.type == "cuda" else None)
-    if budget.planned is not None:
-        cfg = dataclasses.replace(cfg, max_steps=budget.planned)
+    cfg = dataclasses.replace(cfg, max_steps=budget.planned or cfg.max_steps)
     run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
                   "num_classes": num_classes, "classes": [str(c) for c in classes],
                   "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels",
+                  "architecture": {k: getattr(model, k) for k in MODEL_SIZE_KEYS},
                   **({"budget_steps": budget.planned} if budget.planned is not None else {})}
     if procs.is_main:
         save_run_config(cfg, out, run_config)
-
-    # -- batches ------------------------------------------------------------------------------------------
-    order = DataOrder(len(dataset), cfg.seed)
-    sampler = MicroBatches(order, cfg.seed, cfg.batch_size, cfg.grad_accum, procs.world_size, procs.rank,
-                           start_step=step, end_step=cfg.max_steps, samples_seen=samples_seen)
-    # Small datasets are kept in memory (decoded once); an image folder with flips is kept unflipped and each
-    # item flipped from its seed, exactly as the data loader would (measured: 13 % of the step spent decoding
-    # 32 px files at 1.6 steps/s on one core).
-    use_preload = cfg.preload == "true" or (cfg.preload == "auto" and (is_deterministic(dataset) or flips_only(dataset))
-                                            and len(dataset) * math.prod(sample_shape) * 4 < 2**28)
-    if use_preload and flips_only(dataset):
-        x_all, y_all = preload(unflipped(dataset), device)
-        micro_batches = (flipped_batch(x_all, y_all, items) for items in sampler)
-    elif use_preload:
-        if not is_deterministic(dataset):
-            raise ConfigError("preload keeps one copy of every item, which would freeze random flips; use "
-                              "--flip false or --preload false")
-        x_all, y_all = preload(dataset, device)
-        micro_batches = ((x_all[[i for i, _ in items]], y_all[[i for i, _ in items]]) for items in sampler)
-    else:
-        loader = torch.utils.data.DataLoader(
-            SeededItems(dataset), batch_sampler=sampler, num_workers=cfg.num_workers,
-            pin_memory=device.type == "cuda", persistent_workers=False, worker_init_fn=ignore_stop_signals,
-            # its own generator: creating the iterator then draws nothing from torch's global one
-            generator=torch.Generator().manual_seed(derive_seed(cfg.seed, procs.rank, 13)),
-        )
-        micro_batches = iter(loader)
+    sampler = MicroBatches(DataOrder(len(dataset), cfg.seed), cfg.seed, cfg.batch_size, cfg.grad_accum,
+                           procs.world_size, procs.rank, start_step=step, end_step=cfg.max_steps,
+                           samples_seen=samples_seen)
+    batches = micro_batches(dataset, sampler, preload_mode=cfg.preload, num_workers=cfg.num_workers,
+                            device=device, worker_init_fn=ignore_stop_signals)
 
     # -- the loop -----------------------------------------------------------------------------------------
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
-    micro_batches = monitor.timed(micro_batches)  # the time the step waits for data goes into the log
+    batches = monitor.timed(batches)  # the time the step waits for data goes into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
-    start_step, last_grid = step, (grids[-1] if grids else None)
-    saved = Saved(step if ckpt_path is not None else None, time.monotonic())
-    stopped = None
+    start_step, last_grid, stopped = step, (grids[-1] if grids else None), None
+    saved = Saved(step if ckpt_path is not None else None)
     t_loop = time.perf_counter()
     with StopSignals(procs) as stop:
         try:
             while step < cfg.max_steps:
-                # 1. learning rate
-                lr = learning_rate(step, cfg)
-                for group in opt.param_groups:
-                    group["lr"] = lr
+                for group in opt.param_groups:  # 1. the learning rate
+                    group["lr"] = lr = learning_rate(step, cfg)
                 # 2-4. the step: its random numbers, the micro-batches, the checked update (dit_core.train.step)
-                result = stepper(step, micro_batches)
-                step += 1
-                samples_seen += cfg.batch_size
-                decided = budget.after_step(step)  # a time budget fixes the run's length once, in the warm-up
-                if decided is not None:
-                    # under torchrun every process decides at this step; the slowest one's length holds for all
-                    decided = budget.planned = int(-distributed.max_over_processes(-decided, procs))
-                    cfg = dataclasses.replace(cfg, max_steps=decided)
-                    run_config["budget_steps"] = decided
-                    monitor.set_total(decided)
-                    if procs.is_main:
-                        monitor.write(budget.describe())
-                        save_run_config(cfg, out, run_config)
-                    findings = recheck_for_length(planned, decided, dataset, num_classes, findings, monitor)
-                elif (budget.step_s is not None and step < cfg.max_steps and step % BUDGET_CHECK_EVERY == 0
-                      and budget_spent(budget, procs)):  # the session that decided the length: its deadline
-                    monitor.write(f"time budget {cfg.max_minutes:g} min spent at step {step} of {cfg.max_steps} (the "
-                                  "steps became slower than measured): the run ends here; --resume true trains on to "
-                                  f"step {cfg.max_steps}")
-                    cfg = dataclasses.replace(cfg, max_steps=step)
+                result = stepper(step, batches)
+                step, samples_seen = step + 1, samples_seen + cfg.batch_size
+                length, message = budget.check(step, cfg.max_steps, procs)  # a time budget: the run's length
+                if length is not None:
+                    cfg = dataclasses.replace(cfg, max_steps=length)
+                    monitor.write(message)
+                    if length == budget.planned:  # decided now: recorded, shown, and pre-flight checks it
+                        run_config["budget_steps"] = length
+                        monitor.set_total(length)
+                        if procs.is_main:
+                            save_run_config(cfg, out, run_config)
+                        findings = recheck_for_length(planned, length, dataset, num_classes, findings, monitor)
                 stopped = stop.agreed()  # a stop signal (on any process): save and leave after this step
 
                 # 5. log (the only place where the loop reads the device), checkpoint, sample
-                log_now = step % cfg.log_every == 0 or step == cfg.max_steps or stopped is not None
-                if log_now:
+                last = step == cfg.max_steps or stopped is not None
+                if step % cfg.log_every == 0 or last:
                     stepper.guard.read()  # reports skipped steps; a run of bad ones raises TrainingDiverged
+                    result.terms = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()}
                 for message in stepper.guard.take_messages():
                     monitor.write(message)
-                extra = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()
-                         if log_now}  # the loss terms, averaged over processes
-                monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, extra,
-                               force=step == cfg.max_steps or stopped is not None)
-                save_now = (step % cfg.ckpt_every == 0 or step == cfg.max_steps or stopped is not None
-                            or saved.minutes_ago() >= (cfg.ckpt_every_minutes or math.inf))
-                if procs.is_main and save_now:
+                monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, result.terms, force=last)
+                if procs.is_main and (last or step % cfg.ckpt_every == 0
+                                      or saved.minutes_ago() >= (cfg.ckpt_every_minutes or math.inf)):
                     with monitor.pause(), budget.pause():
                         ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step,
                                     samples_seen=samples_seen, ema_updates=stepper.ema_updates, config=run_config,
-                                    dataset_size=len(dataset),
-                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop},
-                                    extras=extras)
-                        names = ["last.pt"] + ([f"step_{step:07d}.pt"] if cfg.keep_every and step % cfg.keep_every == 0
-                                               else [])
-                        for name in names:
+                                    dataset_size=len(dataset), extras=extras,
+                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop})
+                        keep = cfg.keep_every and step % cfg.keep_every == 0
+                        for name in ["last.pt"] + ([f"step_{step:07d}.pt"] if keep else []):
                             save_or_explain(out / "checkpoints" / name, ckpt, saved, out)
-                        saved.step, saved.time = step, time.monotonic()
                 if stopped is not None:
                     break
-                grid_now = cfg.sample_every and step % cfg.sample_every == 0
-                if procs.is_main and (grid_now or (step == cfg.max_steps and cfg.sample_at_end)):
+                if procs.is_main and ((cfg.sample_every and step % cfg.sample_every == 0)
+                                      or (step == cfg.max_steps and cfg.sample_at_end)):
                     with monitor.pause(), budget.pause():
                         last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
                         if last_grid is not None:
@@ -501,14 +317,20 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
             raise
         finally:
             monitor.close()
-            if procs.is_main and stopped is None and step < cfg.max_steps:  # an error, or a second Ctrl-C
-                print(f"dit-train: stopped at step {step}; the last checkpoint is "
-                      + (f"step {saved.step} ({out / 'checkpoints' / 'last.pt'})" if saved.step else "none"),
-                      flush=True)
-            if stopped is None and step < cfg.max_steps:
+            if stopped is None and step < cfg.max_steps:  # an error, or a second Ctrl-C
+                if procs.is_main:
+                    print(f"dit-train: stopped at step {step}; the last checkpoint is "
+                          + (f"step {saved.step} ({out / 'checkpoints' / 'last.pt'})" if saved.step else "none"),
+                          flush=True)
                 distributed.cleanup(procs)
-    train_seconds = time.perf_counter() - t_loop
+    return finish(cfg, out, procs, stepper, monitor, step, start_step, loss_value, t_start, t_loop, precision,
+                  ckpt_path, last_grid, stopped)
 
+
+def finish(cfg, out, procs, stepper, monitor, step, start_step, loss_value, t_start, t_loop, precision, ckpt_path,
+           last_grid, stopped) -> dict:
+    """The end-of-run summary (``<out>/summary.json``, printed), and how to continue a stopped run."""
+    train_seconds = time.perf_counter() - t_loop
     steps_done = step - start_step
     summary = {
         "steps": step,
@@ -519,10 +341,10 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
         "train_seconds": train_seconds,
         "images_per_s": steps_done * cfg.batch_size / train_seconds if steps_done else 0.0,
         "precision": precision,
-        "device": str(device),
+        "device": str(procs.device),
         "threads": torch.get_num_threads(),  # torch's CPU threads (the config's threads, if set)
         "processes": procs.world_size,
-        "peak_memory_gb": peak_memory_gb(device),
+        "peak_memory_gb": peak_memory_gb(procs.device),
         "checkpoint": str(out / "checkpoints" / "last.pt"),
         "samples": str(last_grid) if last_grid else None,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
@@ -537,30 +359,3 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                   "--resume true", flush=True)
     distributed.cleanup(procs)
     return summary
-
-
-class Saved:
-    """When the last checkpoint was written: its step (None: none yet) and its ``time.monotonic()``."""
-
-    def __init__(self, step: int | None, when: float):
-        self.step, self.time = step, when
-
-    def minutes_ago(self) -> float:
-        return (time.monotonic() - self.time) / 60
-
-
-def save_or_explain(path: Path, ckpt: dict, saved: Saved, out: Path) -> None:
-    """:func:`save_checkpoint`; on a full disk, say which checkpoint is intact and how to continue."""
-    try:
-        save_checkpoint(path, **ckpt)
-    except DiskFullError as err:
-        last = out / "checkpoints" / "last.pt"
-        if path.name != "last.pt":
-            intact = f"The checkpoint {last} of this step (step {ckpt['step']}) was written and is intact."
-        elif saved.step is not None:
-            intact = f"The previous checkpoint {last} (step {saved.step}) is intact."
-        else:
-            intact = "No checkpoint of this run was written before, so nothing is lost but the steps so far."
-        raise err.add(f"{intact} Free space on that disk (or copy the run folder to a larger one) and continue "
-                      f"with: dit-train --config {out / 'config.yaml'} --resume true") from err.__cause__
-

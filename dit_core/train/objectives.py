@@ -21,7 +21,7 @@ Each option is off by default; with all of them off the step runs DiT's own loss
    velocity; the linear interpolant does not preserve variance.) The learned-variance term is not weighted.
 4. **masked training** (``mask_ratio``; MaskDiT, Zheng et al. 2024): the encoder blocks see only a random
    ``1 - mask_ratio`` of the tokens, the last ``mask_decoder_depth`` blocks see them all again, with a mask token
-   at the dropped positions (:mod:`dit_core.alignment`). The denoising loss counts the kept tokens only; the
+   at the dropped positions (:meth:`dit_core.models.DiT.forward`, :mod:`dit_core.alignment`). The denoising loss counts the kept tokens only; the
    dropped ones are trained to reconstruct the model's noisy input ``x_t`` (MaskDiT's MAE loss: each patch
    normalised to zero mean and unit variance, weight ``mae_weight`` = 0.1). The last ``mask_finetune_steps``
    steps train unmasked, as MaskDiT ends with unmasked fine-tuning.
@@ -39,8 +39,6 @@ see the same numbers, as in the rest of the trainer.
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -48,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from ..alignment import TrainingHeads, TrainingModel, gather_tokens, patchify
-from ..diffusion.losses import discretized_gaussian_log_likelihood, mean_flat, normal_kl
+from ..diffusion.losses import mean_flat
 from ..runtime import autocast
 from .batches import generator
 
@@ -168,25 +166,6 @@ def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     return -(F.normalize(projected, dim=-1) * F.normalize(target, dim=-1)).sum(dim=-1).mean(dim=-1)
 
 
-def ddpm_terms(diffusion, output, x_start, x_t, steps, noise, patch_size, weights):
-    """DiT's hybrid loss as maps, reduced with :func:`token_mean`: ``mse`` of the noise prediction and, with a
-    learned variance, ``vb`` (the variational bound with the predicted mean detached, as in
-    ``GaussianDiffusion.training_losses``)."""
-    channels = x_start.shape[1]
-    prediction = output[:, :channels]
-    terms = {"mse": token_mean((noise - prediction) ** 2, patch_size, weights)}
-    if output.shape[1] == 2 * channels:
-        frozen = torch.cat([prediction.detach(), output[:, channels:]], dim=1)
-        reverse = diffusion._reverse(frozen, x_t, steps)
-        true_mean, _, true_log_variance = diffusion.q_posterior_mean_variance(x_start, x_t, steps)
-        kl = normal_kl(true_mean, true_log_variance, reverse["mean"], reverse["log_variance"])
-        nll = -discretized_gaussian_log_likelihood(x_start, means=reverse["mean"],
-                                                   log_scales=0.5 * reverse["log_variance"])
-        first = (steps == 0).reshape(-1, *([1] * (kl.dim() - 1)))
-        terms["vb"] = token_mean(torch.where(first, nll, kl), patch_size, weights) / math.log(2.0)
-    return prediction, terms
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The objective the step calls
 # ----------------------------------------------------------------------------------------------------------
@@ -264,42 +243,41 @@ class Objective:
         o, dev = self.options, x_start.device
         d = self.draws(step)
         u = d.u[batch_slice].to(dev)
-        if self.flow:
-            x_t = self.process.path(x_start, noise, u)
-            model_t = self.process.model_time(u)
-        else:
-            if o.timestep_sampling != "uniform":
-                steps = ddpm_steps(u, self.process.num_timesteps)
-            x_t = self.process.q_sample(x_start, steps, noise=noise)
-            model_t = steps
+        if not self.flow and o.timestep_sampling != "uniform":
+            steps = ddpm_steps(u, self.process.num_timesteps)
         keep = d.keep[batch_slice].to(dev) if d.keep is not None else None
-        capture = o.repa_depth if o.repa_weight > 0 else None
-        with autocast(trainer.device, trainer.options.precision):
-            output, projected = trainer.train_model(x_t, model_t, y, keep=keep, capture=capture)
-        output = output.float()
         weights = None
         if keep is not None:
             weights = torch.zeros(len(keep), self.num_tokens, device=dev).scatter_(1, keep, 1.0)
-        if self.flow:
-            prediction = output
-            terms = {"mse": token_mean(self.process.loss_map(x_start, noise, u, prediction), self.patch_size, weights)}
-        else:
-            prediction, terms = ddpm_terms(self.process, output, x_start, x_t, steps, noise, self.patch_size, weights)
+        seen = {}  # what the process's loss does not return: the model's input and output, the projected tokens
+
+        def model_fn(x_t, t, y):
+            with autocast(trainer.device, trainer.options.precision):
+                output, seen["projected"] = trainer.train_model(x_t, t, y, keep=keep, capture=capture)
+            seen["x_t"], seen["output"] = x_t, output.float()
+            return seen["output"]
+
+        capture = o.repa_depth if o.repa_weight > 0 else None
+        # the process's own loss (DiT's hybrid loss, or the interpolant's velocity MSE), over the kept tokens
+        terms = self.process.training_losses(model_fn, x_start, u if self.flow else steps, dict(y=y), noise=noise,
+                                             reduce=lambda m: token_mean(m, self.patch_size, weights))
+        terms.pop("loss")
         mse = terms["mse"]
         if o.loss_weighting == "min_snr":
             snr = self.process.snr(u) if self.flow else ddpm_snr(self.process, steps)
             mse = mse * min_snr_weight(snr, o.min_snr_gamma, "velocity" if self.flow else "eps")
         loss = mse + terms.get("vb", 0.0)
         if keep is not None:
-            terms["mae"] = mae_loss(prediction, x_t, self.patch_size, 1.0 - weights)
+            prediction = seen["output"][:, : x_start.shape[1]]
+            terms["mae"] = mae_loss(prediction, seen["x_t"], self.patch_size, 1.0 - weights)
             loss = loss + o.mae_weight * terms["mae"]
         elif o.mask_ratio > 0 and trainer.procs.distributed:  # unmasked fine-tuning: DDP wants every parameter used
             loss = loss + 0.0 * self.heads.mask_token.sum()
-        if projected is not None:
+        if seen["projected"] is not None:
             features = extra[0].to(dev).float() if extra else self.teacher(x_start)
-            if projected.shape[1] != features.shape[1]:  # aligned at an encoder block: the kept tokens only
+            if seen["projected"].shape[1] != features.shape[1]:  # aligned at an encoder block: the kept tokens only
                 features = gather_tokens(features, keep)
-            terms["repa"] = alignment_loss(projected.float(), features)
+            terms["repa"] = alignment_loss(seen["projected"].float(), features)
             loss = loss + o.repa_weight * terms["repa"]
         terms["loss"] = loss
         return terms
@@ -308,48 +286,6 @@ class Objective:
 # ----------------------------------------------------------------------------------------------------------
 # From a training config
 # ----------------------------------------------------------------------------------------------------------
-
-
-def pixel_teacher(cfg, dataset, out: Path, procs, device, grid: int):
-    """The teacher of pixel-space training as ``(function, dim)``: the small CNN fitted on the training images
-    (``repa_teacher`` auto or cnn; fitted once and kept in ``<out>/teacher.pt``, so a resumed run aligns to the
-    same teacher), or DINOv2 (a name or a ``.pth``) run on each batch."""
-    from ..teachers import fit_pixel_teacher, load_dinov2, token_features
-    from . import distributed
-
-    name = cfg.repa_teacher
-    if name in ("auto", "cnn"):
-        from ..checkpoint import atomic_save
-
-        path = out / "teacher.pt"
-        if procs.is_main and not path.exists():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(cfg.seed)
-                xs, ys = zip(*(dataset[i][:2] for i in range(len(dataset))))
-            images, labels = torch.stack(xs).float(), torch.as_tensor(ys, dtype=torch.long)
-            num_classes = getattr(getattr(dataset, "dataset", dataset), "num_classes", None) or int(labels.max()) + 1
-            started = time.perf_counter()
-            net = fit_pixel_teacher(images, labels, max(2, num_classes), seed=cfg.seed, flip=cfg.flip)
-            print(f"REPA teacher: a small CNN fitted on the {len(images)} training images in "
-                  f"{time.perf_counter() - started:.0f} s, {net.train_accuracy:.1%} of them classified right "
-                  f"(kept in {path})", flush=True)
-            atomic_save({"state": net.state_dict(), "num_classes": net.head.out_features,
-                         "image_size": images.shape[-1], "train_accuracy": net.train_accuracy}, path)
-        distributed.barrier(procs)
-        from ..teachers import PixelTeacher
-
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        net = PixelTeacher(saved["num_classes"], saved["image_size"])
-        net.load_state_dict(saved["state"])
-        net = net.to(device).eval().requires_grad_(False)
-    else:
-        net = load_dinov2(name, device=device)
-
-    @torch.no_grad()
-    def features(x):
-        return token_features(net.feature_map(x.float()).float(), grid)
-
-    return features, int(net.dim)
 
 
 def build_objective(cfg, model, process, dataset, out: Path, procs, device):
@@ -370,7 +306,9 @@ def build_objective(cfg, model, process, dataset, out: Path, procs, device):
             dataset = torch.utils.data.Subset(base, subset.indices) if subset is not None else base
             teacher_dim = base.teacher_dim
         else:
-            teacher, teacher_dim = pixel_teacher(cfg, dataset, out, procs, device, model.x_embedder.grid_size)
+            from ..teachers import run_teacher
+
+            teacher, teacher_dim = run_teacher(cfg, dataset, out, procs, device, model.x_embedder.grid_size)
     objective = Objective(options, process, model, seed=cfg.seed, batch_size=cfg.batch_size, teacher=teacher,
                           teacher_dim=teacher_dim, projector_dim=cfg.repa_projector_dim)
     return objective, dataset

@@ -13,19 +13,15 @@ from .config import ConfigError, TrainConfig
 from .muon import make_muon
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
-                   distributed: bool = False, precision: str = "fp32") -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
     tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
     device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
     2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter.
-    ``optimizer: muon``: Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`),
-    its Newton-Schulz work shared out over the processes when ``distributed`` (DDP) and run in bf16 when the step
-    trains in bf16 (``precision``), as PyTorch's Muon always does."""
+    ``optimizer: muon``: PyTorch's Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "muon":
-        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay, distributed=distributed,
-                         ns_dtype=torch.bfloat16 if precision == "bf16" else None)
+        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
         bnb = import_bitsandbytes()
         # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0

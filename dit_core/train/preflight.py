@@ -15,10 +15,13 @@ config and a few facts about the dataset (:class:`DatasetFacts`), opens nothing,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from .config import TrainConfig
+import torch
+
+from .config import ConfigError, TrainConfig
 
 #: DiT's learning rate (AdamW, constant, batch 256); small models tolerate more, with a warm-up.
 USUAL_LR = 1e-4
@@ -287,3 +290,37 @@ def format_findings(findings: list[Finding]) -> str:
 
 def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.level == "error"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What the training loop calls
+# ----------------------------------------------------------------------------------------------------------
+
+
+def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: bool = True) -> list:
+    """Pre-flight : print what cannot work in this run, with the key and the
+    fix, before the first step; raise a :class:`ConfigError` for the findings that are certain to fail. Every
+    process checks (the check is pure and reads a few file headers), so all of them stop together; only the
+    main process prints. Returns the findings."""
+    if cfg.debug:  # the facts of the whole dataset, not of --debug's subset
+        dataset = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
+    findings = preflight(cfg, DatasetFacts.of(dataset, num_classes))
+    fatal = errors(findings)
+    if fatal:
+        raise ConfigError("pre-flight: this run cannot work:\n" + format_findings(fatal))
+    if findings and show:
+        print(format_findings(findings), flush=True)
+    return findings
+
+
+def recheck_for_length(planned: TrainConfig, steps: int, dataset, num_classes: int, shown: list, monitor) -> list:
+    """Pre-flight again once a time budget has fixed the run's length (the checks that count steps could not
+    know it before the first step): writes the findings not shown before; returns all of them."""
+    if planned.debug or steps >= planned.max_steps:  # the cap, which the first check saw, rules: nothing new
+        return shown
+    findings = preflight(dataclasses.replace(planned, max_steps=steps), DatasetFacts.of(dataset, num_classes),
+                         budgeted=True)
+    new = [f for f in findings if f not in shown and f.level == "warning"]
+    if new:
+        monitor.write(format_findings(new))
+    return findings

@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..atomic import atomic_write
+from ..atomic import DiskFullError, atomic_write
 from ..checkpoint import CheckpointError, check_state_dict, read_checkpoint
+from .batches import derive_seed
+from .config import ConfigError
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -94,6 +97,33 @@ def save_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, step: i
     if extras is not None:
         state["extras"] = extras.state_dict()
     return atomic_write(path, lambda f: torch.save(state, f), size_hint=tensor_bytes(state))
+
+
+class Saved:
+    """When the last checkpoint was written: its step (None: none yet) and its ``time.monotonic()``."""
+
+    def __init__(self, step: int | None, when: float | None = None):
+        self.step, self.time = step, time.monotonic() if when is None else when
+
+    def minutes_ago(self) -> float:
+        return (time.monotonic() - self.time) / 60
+
+
+def save_or_explain(path: Path, ckpt: dict, saved: Saved, out: Path) -> None:
+    """:func:`save_checkpoint`; on a full disk, say which checkpoint is intact and how to continue."""
+    try:
+        save_checkpoint(path, **ckpt)
+    except DiskFullError as err:
+        last = out / "checkpoints" / "last.pt"
+        if path.name != "last.pt":
+            intact = f"The checkpoint {last} of this step (step {ckpt['step']}) was written and is intact."
+        elif saved.step is not None:
+            intact = f"The previous checkpoint {last} (step {saved.step}) is intact."
+        else:
+            intact = "No checkpoint of this run was written before, so nothing is lost but the steps so far."
+        raise err.add(f"{intact} Free space on that disk (or copy the run folder to a larger one) and continue "
+                      f"with: dit-train --config {out / 'config.yaml'} --resume true") from err.__cause__
+    saved.step, saved.time = ckpt["step"], time.monotonic()
 
 
 def tensor_bytes(obj) -> int:
@@ -167,3 +197,35 @@ def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset
         "metrics": ckpt.get("metrics", {}),
         "config": ckpt.get("config", {}),
     }
+
+
+def seed_global_generators(seed: int, rank: int) -> None:
+    """Seed torch's, numpy's and Python's global generators from the run's seed, one stream per process: the
+    training draws its numbers from ``(seed, step)``, but whatever else draws from them (a library, code added
+    to the loop) then starts from the same state in every run, and the checkpoint stores these states."""
+    torch.manual_seed(seed + rank)
+    np.random.seed(derive_seed(seed, rank, 11) % 2**32)
+    random.seed(derive_seed(seed, rank, 12))
+
+
+def resume_path(cfg, out: Path) -> Path | None:
+    """Which checkpoint to continue from, if any (see ``--resume``)."""
+    last = out / "checkpoints" / "last.pt"
+    resume = cfg.resume
+    if isinstance(resume, str) and resume.lower() in ("true", "yes", "1"):
+        resume = True
+    if isinstance(resume, str) and resume.lower() in ("false", "no", "0", ""):
+        resume = False
+    if resume is False:
+        if last.exists():
+            raise ConfigError(
+                f"{out} already holds a run ({last} exists): pass --resume true to continue it, or choose "
+                "another --out folder to start a new one"
+            )
+        return None
+    if resume == "auto":
+        return last if last.exists() else None
+    path = last if resume is True else Path(resume)
+    if not path.exists():
+        raise FileNotFoundError(f"nothing to resume: no checkpoint at {path}")
+    return path
