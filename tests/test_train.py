@@ -511,3 +511,23 @@ def test_compile_auto_compiles_long_cpu_runs_only_where_a_compiler_is(monkeypatc
     assert "compile auto: off (no C++ compiler was found)" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="compile must be one of auto, true, false"):
         make_config(None, {"compile": "sometimes"})
+
+
+def test_a_model_name_sets_the_size_and_size_keys_beside_it_are_reported(tmp_path, capsys):
+    """``--model DiT-B/2`` on a profile that sizes its own model trains DiT-B/2's size, not the profile's; size keys
+    given beside a name override it, the trainer says so, and the run's config.yaml records what was trained."""
+    assert make_config("small-images").depth == 4  # the profile alone: its own 4-block model
+    named = make_config("small-images", {"model": "DiT-B/2"})
+    assert (named.model, named.depth, named.hidden_size, named.num_heads) == ("DiT-B/2", None, None, None)
+    assert make_config("small-images", {"model": "DiT-B/2", "depth": 2}).depth == 2
+    _, overrides = parse_args(["--config", "small-images", "--model", "DiT-S/4"])
+    assert make_config("small-images", overrides).hidden_size is None
+    out = tmp_path / "run"
+    train(tiny_config(out, max_steps=1), dataset=Blobs())
+    said = capsys.readouterr().out
+    assert f"model: DiT-S/2 with depth {TINY['depth']}, hidden_size {TINY['hidden_size']}" in said
+    assert "overriding its size" in said
+    run = yaml.safe_load((out / "config.yaml").read_text())
+    assert run["model"] == "DiT-S/2" and run["depth"] == TINY["depth"]
+    assert run["run"]["architecture"]["depth"] == TINY["depth"]
+    assert run["run"]["architecture"]["hidden_size"] == TINY["hidden_size"]
