@@ -183,13 +183,17 @@ def main(argv=None) -> int:
     if "train" in parts:
         rungs = [r for r in args.rungs.split(",") if r]
         if dry:  # no cuDNN attention on a CPU: the flash kernel stands in (PyTorch's CPU kernel)
-            rungs = ["attn-flash" if r == "attn-cudnn" else r for r in rungs]
+            from dataclasses import replace
+
+            from dit_core.measure.bench.rungs import as_rung
+
+            rungs = [replace(r, attn_kernel="flash") if r.attn_kernel == "cudnn" else r for r in map(as_rung, rungs)]
         batches = [int(b) for b in args.batches.split()] if not dry else [2]
         for i, batch in enumerate(batches):
             spec = (tiny_spec(batch_size=batch, steps=1, warmup=1) if dry else
                     bench.BenchSpec(model="DiT-XL/2", image_size=256, batch_size=batch, steps=args.steps, warmup=1,
                                     device="cuda", vae=os.environ.get("VAE", "stabilityai/sd-vae-ft-ema")))
-            print(f"== training rungs at batch {batch}: {', '.join(rungs)}", flush=True)
+            print(f"== training rungs at batch {batch}: {', '.join(getattr(r, 'key', r) for r in rungs)}", flush=True)
             result = bench.run_benchmark(spec, rungs, isolate=True, sampling=False, optimizers=False,
                                          activations=False, timeout=args.timeout, progress=True)
             record["train"].append(result)
