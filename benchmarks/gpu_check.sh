@@ -9,8 +9,8 @@
 #   GPU_CHECK_DRY_RUN=1 bash benchmarks/gpu_check.sh     # on a CPU: the same code at tiny size, records in runs/
 #
 # The 12 GB profile needs bitsandbytes (8-bit AdamW). A machine without internet access installs it from a
-# wheel carried along (pip download bitsandbytes --no-deps -d runs/wheels; runs/ is ignored by git): BNB_WHEEL,
-# default the first runs/wheels/bitsandbytes-*.whl, installed with --no-deps (numpy and torch are there).
+# wheel carried along (`make gpu-wheels` puts it in .gpu-wheels/, ignored by git): BNB_WHEEL, default the first
+# .gpu-wheels/bitsandbytes-*.whl, installed with --no-deps (numpy and torch are there).
 # Knobs: PROFILE_STEPS (20), STEPS (3 timed steps per rung), COMPILE (1; 0 is quicker), VAE, PYTHON.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,7 +19,7 @@ PYTHON=${PYTHON:-python}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
 if ! "$PYTHON" -c "import bitsandbytes" 2>/dev/null; then
-  wheel=${BNB_WHEEL:-$(ls runs/wheels/bitsandbytes-*.whl 2>/dev/null | head -1)}
+  wheel=${BNB_WHEEL:-$(ls .gpu-wheels/bitsandbytes-*.whl 2>/dev/null | head -1)}
   if [ -n "$wheel" ] && [ -f "$wheel" ]; then
     echo "installing $wheel (no dependencies, no index)"
     "$PYTHON" -m pip install --quiet --no-deps --no-index "$wheel" || echo "bitsandbytes did not install"
