@@ -13,6 +13,7 @@
 # executed notebook of each chapter that failed (with its outputs: the error is in it). Time limits: LIMIT (240 s)
 # for the chapters together, CHAPTER_TIMEOUT (120 s) for one cell; CHAPTERS picks some.
 set -uo pipefail
+CALLER=$PWD
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
 
@@ -30,6 +31,7 @@ if [ $# -ne 1 ]; then
   exit 2
 fi
 OUT=$1
+[ -n "$OUT" ] && [[ "$OUT" != /* ]] && OUT=$CALLER/$OUT  # relative to where it was called from
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 SITE=${FIRST_RUN_SITE:-${TMPDIR:-/tmp}/dit-first-run-site}
 WORK=${WORK:-${TMPDIR:-/tmp}/dit-chapters-smoke}
@@ -44,7 +46,7 @@ fi
 
 if [ "$MODE" = plan ]; then
   echo "gpu_chapters_smoke.sh (records under $OUT):"
-  echo "  install  ${LIMIT_INSTALL:-30} s  ${INSTALL[*]}"
+  echo "  install  ${LIMIT_INSTALL:-45} s  ${INSTALL[*]}"
   echo "  chapters $LIMIT s  OUT=$OUT WORK=$WORK CHAPTER_TIMEOUT=$CHAPTER_TIMEOUT bash benchmarks/gpu_track.sh $TRACK_MODE"
   exit 0
 fi

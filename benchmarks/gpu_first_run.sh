@@ -18,23 +18,24 @@
 #
 # The parts, in order, each with its own time limit in seconds (LIMIT_<PART>=S changes one), so that a hang costs
 # one part, not the run; PARTS="tests ema" runs some of them:
-#   install    30  each carried wheel whose package the interpreter lacks, with pip --no-index --no-deps into the
+#   install    45  each carried wheel whose package the interpreter lacks, with pip --no-index --no-deps into the
 #                  interpreter (where that is refused, or on a dry run: into a folder put first on PYTHONPATH);
 #                  then the carried packages and dit_core's dependencies are imported
-#   tests     100  tests/test_cuda.py and tests/test_cuda_sampling.py (CUDA_TESTS="FILES" names others)
-#   profiles  160  rtx3060-12gb, imagenette-b2 and imagenette-b2-fp16 under the allocator cap of their card, the
+#   tests      90  tests/test_cuda.py and tests/test_cuda_sampling.py (CUDA_TESTS="FILES" names others)
+#   profiles  150  rtx3060-12gb, imagenette-b2 and imagenette-b2-fp16 under the allocator cap of their card, the
 #                  GPU-track ones with the memory planner's setup for it, 20 steps each: peak memory, images/s
 #                  (benchmarks/gpu_profiles.py)
 #   ladder    120  DiT-XL/2's training step at batch 32: the official reference rung and the fastest rung, each in
 #                  a fresh process: images/s, MFU, peak memory (benchmarks/gpu_speed.py)
 #   sampling   40  DiT-XL/2 sampling: 50 guided DDPM steps timed, 16 images a batch, bf16: s/image, also scaled to
 #                  250 steps (benchmarks/gpu_speed.py)
-#   ema        30  the EMA update three ways on the GPU and the pinned memory of the EMA kept on the CPU
+#   ema        35  the EMA update three ways on the GPU and the pinned memory of the EMA kept on the CPU
 #                  (benchmarks/gpu_check.py --parts ema)
 # Records under OUT, each rewritten as soon as its part ends (7 files): first-run.md (the summary to read),
 # first-run.json (every part's exit status, time and output tail), first-run.log (all output), profiles.json,
 # ladder.json, sampling.json, ema.json.
 set -uo pipefail
+CALLER=$PWD
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
 
@@ -54,8 +55,10 @@ if { [ "$INSTALL_ONLY" = 0 ] && [ $# -ne 1 ]; } || [ $# -gt 1 ]; then
   exit 2
 fi
 OUT=${1:-}
+[ -n "$OUT" ] && [[ "$OUT" != /* ]] && OUT=$CALLER/$OUT  # relative to where it was called from
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 WHEELS=${WHEELS:-$REPO/.gpu-wheels}
+[[ "$WHEELS" != /* ]] && WHEELS=$CALLER/$WHEELS
 SITE=${FIRST_RUN_SITE:-${TMPDIR:-/tmp}/dit-first-run-site}
 PARTS=${PARTS:-install tests profiles ladder sampling ema}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -74,17 +77,17 @@ add() {
   LIMITS+=("${!var:-$limit}")
   COMMANDS+=("$(printf '%q ' "$@")")
 }
-add install 30 install_wheels
+add install 45 install_wheels
 read -ra CUDA_TESTS <<<"${CUDA_TESTS:-tests/test_cuda.py tests/test_cuda_sampling.py}"
-add tests 100 "$PYTHON" -m pytest -q -rA -p no:cacheprovider "${CUDA_TESTS[@]}"
-add profiles 160 "$PYTHON" benchmarks/gpu_profiles.py --profiles rtx3060-12gb imagenette-b2 imagenette-b2-fp16 \
+add tests 90 "$PYTHON" -m pytest -q -rA -p no:cacheprovider "${CUDA_TESTS[@]}"
+add profiles 150 "$PYTHON" benchmarks/gpu_profiles.py --profiles rtx3060-12gb imagenette-b2 imagenette-b2-fp16 \
   --steps "$([ "$MODE" = dry ] && echo 2 || echo 20)" --images 256 --timeout 75 --out "${TMPDIR:-/tmp}/dit-first-run-profiles" \
   --json "$OUT/profiles.json" "${DRY[@]}"
 add ladder 120 "$PYTHON" benchmarks/gpu_speed.py --parts train --rungs official,fastest --batches 32 --large-batch 0 \
   --steps 4 --timeout 85 --record "$OUT/ladder.json" "${DRY[@]}"
 add sampling 40 "$PYTHON" benchmarks/gpu_speed.py --parts sampling --sample-settings eager-b16 --sample-steps 50 \
   --timeout 35 --record "$OUT/sampling.json" "${DRY[@]}"
-add ema 30 "$PYTHON" benchmarks/gpu_check.py --parts ema --record "$OUT/ema.json" "${DRY[@]}"
+add ema 35 "$PYTHON" benchmarks/gpu_check.py --parts ema --record "$OUT/ema.json" "${DRY[@]}"
 
 selected() { [[ " $PARTS " == *" $1 "* ]]; }
 
@@ -168,7 +171,7 @@ export MODE WHEELS SITE PYTHON
 export -f install_wheels
 if [ "$INSTALL_ONLY" = 1 ]; then
   rm -rf "$SITE"
-  timeout -k 10 "${LIMIT_INSTALL:-30}" bash -c install_wheels
+  timeout -k 10 "${LIMIT_INSTALL:-45}" bash -c install_wheels
   exit
 fi
 

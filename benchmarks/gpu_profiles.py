@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -165,6 +166,7 @@ def main() -> None:
     for profile in args.profiles:
         limit = 0.0 if args.no_limit or args.dry_run else min(CARDS.get(profile, total), total)
         out = root / profile
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run: an earlier one's checkpoint would be resumed
         t0 = time.time()
         extra = planned_overrides(profile, limit)
         cmd = [sys.executable, __file__, "--child", profile, str(latents), str(out), str(args.steps), str(limit),
