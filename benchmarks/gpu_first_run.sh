@@ -86,7 +86,7 @@ add profiles 150 "$PYTHON" benchmarks/gpu_profiles.py --profiles rtx3060-12gb im
 add ladder 120 "$PYTHON" benchmarks/gpu_speed.py --parts train --rungs official,fastest --batches 32 --large-batch 0 \
   --steps 4 --timeout 85 --record "$OUT/ladder.json" "${DRY[@]}"
 add sampling 40 "$PYTHON" benchmarks/gpu_speed.py --parts sampling --sample-settings eager-b16 --sample-steps 50 \
-  --timeout 35 --record "$OUT/sampling.json" "${DRY[@]}"
+  --timeout 30 --record "$OUT/sampling.json" "${DRY[@]}"
 add ema 35 "$PYTHON" benchmarks/gpu_check.py --parts ema --record "$OUT/ema.json" "${DRY[@]}"
 
 selected() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -148,7 +148,7 @@ for wheel in Path(sys.argv[1]).glob("*.whl"):
     with zipfile.ZipFile(wheel) as z:
         for entry in z.namelist():
             top = entry.split("/")[0]
-            if ".dist-info" in top or ".data" in top or top.startswith("_") or top.endswith(".pth"):
+            if "." in top.removesuffix(".py") or top.startswith("_"):  # metadata, data, vendored .libs, .pth
                 continue
             if "/" in entry or top.endswith(".py"):
                 names.add(top.removesuffix(".py"))

@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     import torch
 
     from dit_core.measure import bench
+    from dit_core.measure.bench.ladder import add_ratios
 
     dry = args.dry_run
     if not (dry or torch.cuda.is_available()):
@@ -194,10 +195,17 @@ def main(argv=None) -> int:
                     bench.BenchSpec(model="DiT-XL/2", image_size=256, batch_size=batch, steps=args.steps, warmup=1,
                                     device="cuda", vae=os.environ.get("VAE", "stabilityai/sd-vae-ft-ema")))
             print(f"== training rungs at batch {batch}: {', '.join(getattr(r, 'key', r) for r in rungs)}", flush=True)
-            result = bench.run_benchmark(spec, rungs, isolate=True, sampling=False, optimizers=False,
-                                         activations=False, timeout=args.timeout, progress=True)
-            record["train"].append(result)
-            save()
+            result = None
+            for rung in rungs:  # one rung at a time, the record saved after each: a run cut short keeps its rungs
+                part = bench.run_benchmark(spec, [rung], isolate=True, sampling=False, optimizers=False,
+                                           activations=False, timeout=args.timeout, progress=True)
+                if result is None:
+                    result = part
+                    record["train"].append(result)
+                else:
+                    result["rows"] += part["rows"]
+                add_ratios(result["rows"])  # the speed-ups over the official rung, once it has run
+                save()
         if args.large_batch and not dry and "fastest" in rungs:
             spec = bench.BenchSpec(model="DiT-XL/2", image_size=256, batch_size=args.large_batch, steps=args.steps,
                                    warmup=1, device="cuda", vae=None)
