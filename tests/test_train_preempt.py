@@ -189,8 +189,8 @@ def test_checkpoints_every_few_minutes(tmp_path, monkeypatch):
     from dit_core.train import loop
 
     saved = []
-    real = loop.save_checkpoint
-    monkeypatch.setattr(loop, "save_checkpoint", lambda path, **kw: (saved.append(kw["step"]), real(path, **kw)))
+    real = loop.save_or_explain
+    monkeypatch.setattr(loop, "save_or_explain", lambda path, ckpt, *a: (saved.append(ckpt["step"]), real(path, ckpt, *a)))
     train(tiny_config(tmp_path / "a", max_steps=4, ckpt_every=1000), dataset=Blobs())
     assert saved == [4]  # only the last step
     saved.clear()

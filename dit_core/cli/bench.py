@@ -51,8 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-activation-check", action="store_true",
                    help="skip the planner's check against the bytes autograd saves")
     p.add_argument("--timeout", type=float, default=None, help="seconds per rung before it is abandoned")
+    p.add_argument("--card-gib", default="auto",
+                   help="size the ladder (model and batch at which the reference rung fits) for a card of this many GiB; "
+                        "auto: the card found; none: run the model and batch given, whatever fits")
     p.add_argument("--json", default=None, help="write the full result (every figure) to this JSON file")
     return p
+
+
+def _card_gib(value: str):
+    """``--card-gib``: "auto", "none" (None: no sizing) or a number of GiB."""
+    if value in ("auto", "none"):
+        return None if value == "none" else value
+    try:
+        return float(value)
+    except ValueError:
+        raise SystemExit(f"dit-bench: --card-gib takes auto, none or a number of GiB, got {value!r}") from None
 
 
 def main(argv=None) -> int:
@@ -79,7 +92,8 @@ def main(argv=None) -> int:
             compile=not args.no_compile)
         result = run_benchmark(spec, rungs, isolate=not args.no_isolate, sampling=not args.no_sampling,
                                optimizers=args.optimizers, timeout=args.timeout,
-                               activations=not args.no_activation_check, repeats=args.repeats)
+                               activations=not args.no_activation_check, repeats=args.repeats,
+                               card_gib=_card_gib(args.card_gib))
     except ValueError as err:
         print(f"dit-bench: {err}", file=sys.stderr)
         return 2
