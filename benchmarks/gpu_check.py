@@ -141,11 +141,12 @@ def ema_part(dry: bool, repeats: int = 10) -> dict:
         del per_tensor
     lines = [f"  {r['what']:<76}{r['ms']:>9.2f} ms" for r in rows]
     gb = lambda v: f"{v / 1e9:.3f} GB" if isinstance(v, (int, float)) else "-"
-    lines += [f"  pinned staging of {pinned['tensors']} tensors ({gb(pinned['tensor_bytes'])} of weights): layout "
-              f"{gb(pinned['layout_pinned_bytes'])} in {pinned['staging_blocks']} blocks, pinned={pinned['staging_pinned']}; "
-              f"resident memory +{gb(pinned['staging_rss_growth'])}, pinned allocator +{gb(pinned['staging_host_allocator'])}",
-              f"  one pinned buffer per tensor: computed {gb(pinned['per_tensor_bytes_computed'])}; resident memory "
-              f"+{gb(pinned.get('per_tensor_rss_growth'))}, pinned allocator +{gb(pinned.get('per_tensor_host_allocator'))}"]
+    p = pinned
+    lines += [f"  pinned staging of {p['tensors']} tensors ({gb(p['tensor_bytes'])} of weights): layout "
+              f"{gb(p['layout_pinned_bytes'])} in {p['staging_blocks']} blocks, pinned={p['staging_pinned']}; "
+              f"resident memory +{gb(p['staging_rss_growth'])}, pinned allocator +{gb(p['staging_host_allocator'])}",
+              f"  one pinned buffer per tensor: computed {gb(p['per_tensor_bytes_computed'])}; resident memory "
+              f"+{gb(p.get('per_tensor_rss_growth'))}, pinned allocator +{gb(p.get('per_tensor_host_allocator'))}"]
     return dict(model="tiny (dry run)" if dry else "DiT-XL/2", rows=rows, pinned=pinned, table="\n".join(lines))
 
 
@@ -181,7 +182,8 @@ def main() -> None:
     ap.add_argument("--bench-steps", type=int, default=int(os.environ.get("STEPS", "3")))
     ap.add_argument("--no-compile", action="store_true", default=os.environ.get("COMPILE", "1") == "0")
     ap.add_argument("--parts", default="profile,tests,ladder,ema")
-    ap.add_argument("--record", default=None, help="write the record to this .json file only (default: <out>/<gpu>-gpu-check.json and .md)")
+    ap.add_argument("--record", default=None,
+                    help="write the record to this .json file only (default: <out>/<gpu>-gpu-check.json and .md)")
     args = ap.parse_args()
 
     import torch

@@ -152,7 +152,8 @@ def main() -> None:
                  f"{'profile':<20}{'cap GiB':>9}{'img/s run':>11}{'img/s last 10':>15}{'peak GiB':>10}  status"]
         for r in rows:
             plan = r.get("planner")
-            setup = f" (planner: {plan['grad_accum']} micro-batches, {plan['grad_checkpointing']} blocks checkpointed)" if plan else ""
+            setup = (f" (planner: {plan['grad_accum']} micro-batches, {plan['grad_checkpointing']} blocks checkpointed)"
+                     if plan else "")
             lines.append(f"{r['profile']:<20}{(r['limit_gib'] or 0):>9.1f}{r.get('images_per_s', 0):>11.1f}"
                          f"{r.get('steady_images_per_s') or 0:>15.1f}{r.get('peak_memory_gb', 0):>10.2f}  {r['status']}{setup}")
         table = "\n".join(lines)

@@ -31,7 +31,8 @@ def _wheel(folder: Path, name: str = "carried_probe", version: str = "0.1") -> P
     """A minimal pure-Python wheel of one package whose ``VALUE`` is 42 (a stand-in for a carried wheel)."""
     files = {f"{name}/__init__.py": b"VALUE = 42\n",
              f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+             f"{name}-{version}.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
               for k, v in files.items()] + [f"{name}-{version}.dist-info/RECORD,,"]
     files[f"{name}-{version}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
@@ -67,7 +68,8 @@ def test_part_processes_keep_the_callers_pythonpath(tmp_path, monkeypatch):
         module = _load(name)
         assert module.child_env()["PYTHONPATH"].split(os.pathsep) == [str(REPO), str(carried)], name
     gpu_check = _load("gpu_check")
-    result = gpu_check.run([sys.executable, "-c", "import carried_probe, dit_core; print(carried_probe.VALUE)"], timeout=120)
+    result = gpu_check.run([sys.executable, "-c", "import carried_probe, dit_core; print(carried_probe.VALUE)"],
+                           timeout=120)
     assert result["returncode"] == 0 and "42" in result["tail"], result["tail"]
     monkeypatch.delenv("PYTHONPATH")
     assert _load("gpu_speed").child_env()["PYTHONPATH"] == str(REPO)
