@@ -161,3 +161,12 @@ def test_latents_within_a_budget_stop_and_continue_where_they_stopped(tmp_path):
     assert files and files == sorted(p.name for p in (tmp_path / "lat").glob("*.npy"))
     for name in files:
         assert np.array_equal(np.load(tmp_path / "lat" / name), np.load(tmp_path / "whole" / name)), name
+
+
+def test_the_extraction_of_a_small_card_fits_two_cells():
+    """Chapter 02 extracts in up to two cells of LATENTS_SHARE of the limit each (the rate measured as it runs):
+    the estimate for all of Imagenette on the slowest card of the table fits, with room for the estimate's error."""
+    slowest = min(peak for _, peak in track.GPU_PEAKS)
+    need = track.encode_seconds(track.IMAGENETTE_IMAGES[0], slowest)
+    assert need > track.cell_budget()  # one estimated cell would not do
+    assert 1.25 * need < 2 * 0.95 * track.cell_budget(share=track.LATENTS_SHARE)

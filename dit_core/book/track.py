@@ -119,6 +119,8 @@ CELL_TIMEOUT_S = 1800
 #: The share of that limit a sized cell plans to use. The rest is the margin for the estimate's error (one card's
 #: measurements scaled by peak; JPEG decoding and Inception are not in the cost model).
 CELL_SHARE = 0.6
+#: The share a cell whose time is measured as it runs plans to use (:func:`latents_within`).
+LATENTS_SHARE = 0.8
 
 
 def cell_budget(timeout_s: float = CELL_TIMEOUT_S, share: float = CELL_SHARE) -> float:
@@ -301,13 +303,14 @@ def ensure_latents(data_dir, latents_dir, vae, *, archive=None, download: bool =
 
 def latents_within(data_dir, latents_dir, vae, seconds: float | None = None, calibration_batches: int = 8,
                    clock=time.perf_counter, **kwargs) -> dict:
-    """:func:`gpu_latents` for about ``seconds`` at most (default :func:`cell_budget`), so that one cell stays
-    within the book's time limit on any card: a first leg of ``calibration_batches`` batches measures this
-    machine's rate (start-up included), a second leg sized from that rate fills the rest. An extraction that is
+    """:func:`gpu_latents` for about ``seconds`` at most, so that one cell stays within the book's time limit on any
+    card: a first leg of ``calibration_batches`` batches measures this machine's rate (start-up included), a second
+    leg sized from that rate fills the rest. The default, :data:`LATENTS_SHARE` of the limit, is larger than the
+    share of an estimated cell: the rate is measured here, not scaled from another card. An extraction that is
     not finished then continues at the next call, where this one stopped (resuming gives the same latents as one
     uninterrupted run). Returns the manifest when the extraction is complete, else its progress state
     (``"complete": False``, ``"done"`` of ``"count"`` images)."""
-    budget = cell_budget() if seconds is None else float(seconds)
+    budget = cell_budget(share=LATENTS_SHARE) if seconds is None else float(seconds)
     t0 = clock()
     result = gpu_latents(data_dir, latents_dir, vae, max_batches=calibration_batches, **kwargs)
     if result.get("complete", True):
