@@ -5,8 +5,8 @@ products cost ~10 m^2 n multiply-adds per m x n matrix and step whatever the bat
 are a visible share of the step, and the time budget fits fewer steps. Prints the median milliseconds of one eager
 forward + backward pass of the profile's model on the batch one process trains (16 images of 16 px in 2x2
 patches), of one optimizer step with fused AdamW and with ``optimizer: muon`` (PyTorch's Muon, whose
-Newton-Schulz iteration runs in bf16, and AdamW for the rest), and of the Newton-Schulz iterations alone for the
-profile's matrices in bf16 and in fp32 (what a CPU without fast bf16 products would rather run)::
+Newton-Schulz iteration runs in bf16, or its fp32 form that a run training in fp32 on a CPU gets), and of the
+Newton-Schulz iterations alone for the profile's matrices in bf16 and in fp32::
 
     python benchmarks/cpu_optimizer_step.py [--batch 16 --threads 1 --repeats 20]
 """
@@ -20,18 +20,7 @@ import torch
 from dit_core.measure.bench.timings import timed
 from dit_core.train import make_config
 from dit_core.train.loop import build_model
-from dit_core.train.muon import make_muon, split_parameters
-
-
-def newton_schulz(g: torch.Tensor, dtype: torch.dtype, steps: int = 5) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz iteration (the coefficients of Muon's reference and of PyTorch's) in ``dtype``."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    x = (g / g.norm().clamp(min=1e-7)).to(dtype)
-    x = x.T if x.shape[0] > x.shape[1] else x
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * (gram @ gram)) @ x
-    return x
+from dit_core.train.muon import make_muon, newton_schulz, split_parameters
 
 
 def main(argv=None) -> None:
@@ -58,11 +47,16 @@ def main(argv=None) -> None:
     matrices = [p.grad for p in split_parameters(model)[0]]
     for name, opt in {"adamw (fused)": torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True),
                       f"muon ({len(matrices)} matrices by PyTorch's Muon, the rest by AdamW)":
-                          make_muon(model, 1e-6, (0.9, 0.999), 0.0)}.items():
+                          make_muon(model, 1e-6, (0.9, 0.999), 0.0),
+                      "muon, Newton-Schulz in fp32 (MuonFp32: a run that trains in fp32 on a CPU)":
+                          make_muon(model, 1e-6, (0.9, 0.999), 0.0, fp32=True)}.items():
         print(f"optimizer step, {name}: {1e3 * timed(opt.step, cpu, args.repeats):.1f} ms")
-    for dtype in (torch.bfloat16, torch.float32):
-        ms = 1e3 * timed(lambda: [newton_schulz(g, dtype) for g in matrices], cpu, args.repeats)
-        print(f"Newton-Schulz alone, {len(matrices)} matrices in {str(dtype).replace('torch.', '')}: {ms:.1f} ms")
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_newton_schulz  # PyTorch's, in bf16
+
+    for name, fn in (("bfloat16 (PyTorch's)", lambda g: torch_newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)),
+                     ("float32 (dit_core.train.muon.newton_schulz)", newton_schulz)):
+        ms = 1e3 * timed(lambda: [fn(g) for g in matrices], cpu, args.repeats)
+        print(f"Newton-Schulz alone, {len(matrices)} matrices in {name}: {ms:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     # (trained with the DiT, not part of it) and the teacher of representation alignment
     objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
     trained = objective.module if objective is not None else model
-    opt = make_optimizer(trained, cfg, device)
+    opt = make_optimizer(trained, cfg, device, precision)
     if should_compile(cfg, device, procs.is_main):
         compile_blocks(model)
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,

@@ -18,10 +18,17 @@ Both halves are PyTorch's own optimizers: ``torch.optim.Muon`` (Nesterov momentu
 iterations in bf16, ``adjust_lr_fn="match_rms_adamw"``) and ``torch.optim.AdamW``. :class:`MuonAdamW` holds the
 two so that the training loop keeps one optimizer: one learning-rate schedule over ``param_groups``, one state
 dict in the checkpoint, an exact resume.
+
+One thing PyTorch's Muon cannot do: run its iteration in fp32. On a CPU without bf16 instructions bf16 matrix
+products are emulated, and there it costs most of the step (measured on a 2-core AMD EPYC, Zen 3, one thread,
+the small-images model: the 16 matrices' iterations 1,207 ms in bf16 against 43 ms in fp32, beside 438 ms of
+forward and backward; ``benchmarks/cpu_optimizer_step.py``). A run that trains in fp32 therefore gets
+:class:`MuonFp32`, the same update with the iteration in fp32 (the state dict is PyTorch's Muon's).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -39,16 +46,58 @@ def split_parameters(model: torch.nn.Module) -> tuple[list, list]:
     return muon, adamw
 
 
-class MuonAdamW:
-    """``torch.optim.Muon`` for ``muon_params`` and ``torch.optim.AdamW`` for ``adamw_params``, seen as one
-    optimizer: ``param_groups`` lists both halves' groups (the loop sets their ``lr``), ``step``, ``zero_grad``,
-    ``state_dict`` and ``load_state_dict`` act on both."""
+#: The coefficients (a, b, c) of the quintic Newton-Schulz iteration: Muon's reference and PyTorch's.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
-    def __init__(self, muon_params, adamw_params, lr: float = 1e-3, betas=(0.9, 0.999), weight_decay: float = 0.0):
+
+def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """The iteration of ``torch.optim.Muon`` in fp32: ``g`` scaled to unit norm (so its spectral norm is at most
+    1), then ``X <- a X + (b A + c A^2) X`` with ``A = X X^T``, the short side first (``A`` the small Gram
+    matrix). The singular values go to ~[0.5, 1.2], not exactly 1 (Muon's authors: that does not hurt)."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.float()
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return x.T if tall else x
+
+
+class MuonFp32(torch.optim.Muon):
+    """``torch.optim.Muon`` (Nesterov, ``adjust_lr_fn="match_rms_adamw"``) with the iteration in fp32
+    (:func:`newton_schulz`); the same state (one ``momentum_buffer`` per matrix)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            mu, lr = group["momentum"], group["lr"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+                buf.lerp_(p.grad, 1 - mu)
+                update = newton_schulz(p.grad.lerp(buf, mu) if group["nesterov"] else buf, group["ns_steps"],
+                                       group["eps"])
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape[:2])))
+        return loss
+
+
+class MuonAdamW:
+    """``torch.optim.Muon`` (:class:`MuonFp32` with ``fp32``) for ``muon_params`` and ``torch.optim.AdamW`` for
+    ``adamw_params``, seen as one optimizer: ``param_groups`` lists both halves' groups (the loop sets their
+    ``lr``), ``step``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` act on both."""
+
+    def __init__(self, muon_params, adamw_params, lr: float = 1e-3, betas=(0.9, 0.999), weight_decay: float = 0.0,
+                 fp32: bool = False):
         muon_params, adamw_params = list(muon_params), list(adamw_params)
         if not muon_params:
             raise ValueError("optimizer muon found no block matrices (blocks.N.attn.qkv.weight, ...) to update")
-        self.muon = torch.optim.Muon(muon_params, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+        muon = MuonFp32 if fp32 else torch.optim.Muon
+        self.muon = muon(muon_params, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
         self.adamw = torch.optim.AdamW(adamw_params, lr=lr, betas=tuple(betas), weight_decay=weight_decay) \
             if adamw_params else None
         self.parts = [o for o in (self.muon, self.adamw) if o is not None]
@@ -84,6 +133,7 @@ class MuonAdamW:
             self.adamw.load_state_dict(state["adamw"])
 
 
-def make_muon(model: torch.nn.Module, lr: float, betas, weight_decay: float) -> MuonAdamW:
-    """The optimizer of ``optimizer: muon`` for a DiT (or a module holding one)."""
-    return MuonAdamW(*split_parameters(model), lr=lr, betas=betas, weight_decay=weight_decay)
+def make_muon(model: torch.nn.Module, lr: float, betas, weight_decay: float, fp32: bool = False) -> MuonAdamW:
+    """The optimizer of ``optimizer: muon`` for a DiT (or a module holding one); ``fp32``: the Newton-Schulz
+    iteration in fp32 (:class:`MuonFp32`), for runs that train in fp32 on a CPU."""
+    return MuonAdamW(*split_parameters(model), lr=lr, betas=betas, weight_decay=weight_decay, fp32=fp32)

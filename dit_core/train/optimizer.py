@@ -13,15 +13,18 @@ from .config import ConfigError, TrainConfig
 from .muon import make_muon
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                   precision: str = "fp32") -> torch.optim.Optimizer:
     """AdamW with the official defaults (lr 1e-4, no weight decay); the fused kernel (one pass over each
     tensor instead of one per operation: ~4x faster on the CPU, measured; it also skips a bad step on the
     device) where the device has it. ``optimizer: adamw8bit``: bitsandbytes' 8-bit AdamW (Dettmers et al.
     2022), moments stored as bytes with one scale per block of 256 values: 2 instead of 8 bytes per parameter.
-    ``optimizer: muon``: PyTorch's Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`)."""
+    ``optimizer: muon``: PyTorch's Muon for the blocks' matrices and AdamW for the rest (:mod:`dit_core.train.muon`),
+    its Newton-Schulz iteration in fp32 when the run trains in fp32 on a CPU (``precision``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "muon":
-        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay)
+        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay,
+                         fp32=device.type == "cpu" and precision == "fp32")
     if cfg.optimizer == "adamw8bit":
         bnb = import_bitsandbytes()
         # weight_decay explicitly: bitsandbytes' default is 0.01, DiT's is 0
