@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chapters' GPU branch at SMOKE size on the GPU, in about 3 minutes: chapters 00, 01, 02, 05 and 07 executed
+# The chapters' GPU branch at SMOKE size on the GPU, in about 3 minutes: chapters 00, 01, 02, 05b and 07 executed
 # with papermill as `make book` does, with TRACK = "gpu" and SMOKE = True, on tiny stand-ins for every download
 # (benchmarks/gpu_track.sh --smoke), so that every GPU-track cell has run on a CUDA device before a reader meets it.
 #

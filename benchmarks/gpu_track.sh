@@ -104,7 +104,7 @@ params = {
     "00_environment": {},
     "01_data": {**downloads, "DOWNLOAD": False},
     "02_latents": {**downloads, "VAE": str(stand["vae"]), "DOWNLOAD_VAE": False},
-    "05_training": {**downloads, "VAE": str(stand["vae"]), "DOWNLOAD": False, "TRAIN_MINUTES": train_minutes},
+    "05b_your_data": {**downloads, "VAE": str(stand["vae"]), "DOWNLOAD": False, "TRAIN_MINUTES": train_minutes},
     "07_sampling": {**downloads, "VAE": str(stand["vae"]), "DOWNLOAD": False, "OFFICIAL_CKPT": str(stand["official"]),
                     "INCEPTION": str(stand["inception"]), "FID_SAMPLES": fid_samples},
 }
@@ -207,7 +207,7 @@ for stem, extra in params.items():
            "slowest_cells": sorted(durations.items(), key=lambda kv: -kv[1])[:5], "record": record}
     # extrapolation to the chapter's defaults (see the header); none at SMOKE sizes
     extra_s = 0.0
-    if mode == "full" and stem == "05_training" and "g05c" in durations:
+    if mode == "full" and stem == "05b_your_data" and "g05c" in durations:
         extra_s = 15 * 60 - 60 * train_minutes
     if mode == "full" and stem == "07_sampling":
         sampling = sum(float(r[2]) for r in record.get("fid_rows") or [] if isinstance(r, (list, tuple)))

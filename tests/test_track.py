@@ -71,7 +71,7 @@ def test_cost_estimates_scale_with_the_cards_peak():
     assert track.card_peak("NVIDIA GeForce RTX 4090") == 165.2 and track.card_peak("NVIDIA H100 PCIe") == 756.0
     assert track.card_peak("NVIDIA H100 80GB HBM3") == 989.0 and track.card_peak("Some Other GPU") is None
     h200, rtx4090 = track.costs(989.0), track.costs(165.2)
-    assert h200["05_training"] == rtx4090["05_training"] == 15 * 60  # a budget, not an estimate
+    assert h200["05b_your_data"] == rtx4090["05b_your_data"] == 15 * 60  # a budget, not an estimate
     assert rtx4090["07_sampling"] == pytest.approx(h200["07_sampling"] * 989.0 / 165.2)
     # the anchor: DiT-XL/2 sampling on the H200 as measured, 250 guided DDPM steps per image
     assert track.sample_seconds("DiT-XL/2", 16, 250, 989.0, decode=False) == pytest.approx(8.49)

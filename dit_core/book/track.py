@@ -160,7 +160,7 @@ def costs(peak: float, train_minutes: float = DEFAULTS["train_minutes"], fid_sam
 
     - ``01_data``: none (extraction runs on the CPU);
     - ``02_latents``: all of Imagenette (train) encoded with both flips;
-    - ``05_training``: the training budget (``train_minutes``);
+    - ``05b_your_data``: the training budget (``train_minutes``);
     - ``07_sampling``: guidance grids (3 scales) and the 3-channel comparison for both models at
       ``picture_steps`` DDPM steps, the sampler comparison on the official model (DDPM-250, DDIM-50,
       DPM-Solver++-25), and ``fid_samples`` FID samples of each model (``"auto"``: as many as
@@ -175,7 +175,7 @@ def costs(peak: float, train_minutes: float = DEFAULTS["train_minutes"], fid_sam
     samplers = sum(sample_seconds(xl2, DEFAULTS["classes"], s, peak) for s in (250, 50, 25))
     fid = sample_seconds(b2, fid_samples, fid_steps, peak) + sample_seconds(xl2, fid_samples, fid_steps, peak)
     return {"00_environment": 10.0, "01_data": 0.0, "02_latents": encode_seconds(IMAGENETTE_IMAGES[0], peak),
-            "05_training": 60.0 * train_minutes, "07_sampling": pics + samplers + fid}
+            "05b_your_data": 60.0 * train_minutes, "07_sampling": pics + samplers + fid}
 
 
 def format_costs(peak: float, card: str, **sizes) -> str:
