@@ -47,7 +47,7 @@ from dit_core import runtime  # noqa: E402
 from dit_core.diffusion import create_diffusion, get_named_beta_schedule  # noqa: E402
 from dit_core.models import DiT  # noqa: E402
 from dit_core.sample import generate  # noqa: E402
-from dit_core.sample.samplers import int8_copy  # noqa: E402
+from dit_core.sample.int8 import int8_copy  # noqa: E402
 from dit_core.train.config import TrainConfig  # noqa: E402
 from dit_core.train.ema import create_ema  # noqa: E402
 from dit_core.train.optimizer import make_optimizer  # noqa: E402

@@ -35,7 +35,7 @@ from dit_core.attention import set_sdpa_kernel  # noqa: E402
 from dit_core.diffusion import create_diffusion  # noqa: E402
 from dit_core.models import DiT, TanhGELU  # noqa: E402
 from dit_core.sample import generate, guided  # noqa: E402
-from dit_core.sample.samplers import INT8_LAYERS, int8_copy  # noqa: E402
+from dit_core.sample.int8 import INT8_LAYERS, int8_copy  # noqa: E402
 
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10)
 needs_compiler = pytest.mark.skipif(runtime.compiler_missing("cpu") is not None,

@@ -163,7 +163,7 @@ class BenchSpec:
     sample_compile: str | None = None  # sampling: torch.compile "blocks" or the whole "model" (None: eager)
     sample_compile_mode: str | None = None  # e.g. "reduce-overhead": CUDA graphs of the compiled model
     sample_attn_kernel: str | None = None  # sampling: pin an SDPA kernel ("flash", "cudnn", "efficient")
-    sample_int8: bool = False  # sampling on the CPU: int8 linears (dit_core.sample.samplers.int8_copy; opt-in)
+    sample_int8: bool = False  # sampling on the CPU: int8 linears (dit_core.sample.int8.int8_copy; opt-in)
 
 
 def as_rung(rung: "str | Rung | dict") -> Rung:

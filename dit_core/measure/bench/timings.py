@@ -111,7 +111,7 @@ def sampling_model(spec: BenchSpec, model: torch.nn.Module) -> torch.nn.Module:
     """The sampling model as ``spec`` asks: int8 linears (CPU), a pinned SDPA kernel, compiled (in that order)."""
     from ...attention import set_sdpa_kernel
     from ...runtime import compile_dit
-    from ...sample.samplers import int8_copy
+    from ...sample.int8 import int8_copy
 
     if spec.sample_int8:
         model = int8_copy(model)
