@@ -253,15 +253,3 @@ def test_upright_shapes_are_the_same_images_unturned(tmp_path):
     x, _ = real_shapes(DEFAULT_CLASSES, per_class=2, seed=0, image_size=16, rotation="upright")
     files = torch.stack([ImageFolderDataset(up, 16, flip=False)[i][0] for i in range(6)])
     assert torch.equal(x, files)
-
-
-def test_folders_written_before_the_rotation_option_still_match(tmp_path):
-    out = generate_shapes(tmp_path / "old", per_class=2, rotation="any")
-    manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["rotation"] == "any"
-    del manifest["rotation"]  # as written before the option: shapes at any angle
-    (out / MANIFEST).write_text(json.dumps(manifest))
-    mtime = (out / MANIFEST).stat().st_mtime_ns
-    assert generate_shapes(out, per_class=2, rotation="any") == out and (out / MANIFEST).stat().st_mtime_ns == mtime
-    with pytest.raises(FileExistsError, match="rotation: 'any', not 'upright'.*--overwrite"):
-        generate_shapes(out, per_class=2)  # today's default: the error names what differs and the fix

@@ -25,7 +25,6 @@ from typing import Literal
 import yaml
 
 from ..atomic import atomic_write_text
-from ..diffusion import SAMPLERS, sampler_objective
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -150,7 +149,7 @@ class TrainConfig:
     sample_classes: list | None = _f(None, "classes shown in the sample grids (default: up to 10)")
     sample_per_class: int = _f(4, "samples per class in the grids")
     sample_steps: int = _f(50, "sampler steps for the grids")
-    sample_sampler: Literal[tuple(SAMPLERS)] = _f(
+    sample_sampler: str = _f(
         "ddim", "sampler for the grids (dit_core.diffusion.SAMPLERS): ddim, ddpm or dpm-solver++; with objective "
                 "flow: euler (= ddim), heun or euler-maruyama")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
@@ -377,6 +376,8 @@ def _objective_problems(cfg: TrainConfig) -> list[str]:
     problems = []
     if cfg.objective == "flow" and cfg.learn_sigma:
         problems.append("objective flow predicts a velocity and learns no variance: add --learn-sigma false")
+    from ..diffusion import sampler_objective  # here, not at import: dit-train sets OpenMP's policy before torch
+
     try:
         sampler_objective(cfg.sample_sampler, cfg.objective)
     except ValueError as err:
