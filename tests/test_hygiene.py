@@ -311,3 +311,15 @@ def test_every_profile_reads_as_settings(profile):
     assert len(lines) <= PROFILE_MAX_LINES, (
         f"{profile.name} has {len(lines)} lines; keep a profile at most {PROFILE_MAX_LINES}: its settings, one short "
         "comment per non-obvious one, and the name of the record in benchmarks/results that holds the figures")
+
+
+CHAPTER_MAX_WORDS = 3500
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_chapter_is_sized_for_reading(notebook):
+    """At most 3,500 words of prose (the markdown cells' words); experiment histories go into records."""
+    words = sum(len(c.source.split()) for c in _read(notebook).cells if c.cell_type == "markdown")
+    assert words <= CHAPTER_MAX_WORDS, (
+        f"{notebook.name} has {words} words of prose; keep a chapter at most {CHAPTER_MAX_WORDS}: split it by "
+        "concept, or move what is a study's history into its record in benchmarks/results")
