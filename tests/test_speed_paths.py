@@ -301,8 +301,8 @@ def test_trainer_compiles_so_that_gradients_are_exact():
 @needs_compiler
 def test_trainer_compiles_the_forward_that_an_objective_runs():
     """With an objective option (here the flow objective of the small-images profile) the step runs the
-    objective's TrainingModel around the DiT: ``compile: true`` must compile the forward pass that step runs,
-    and its gradients must stay those of eager."""
+    objective's TrainingModel around the DiT: ``compile: true`` must compile the forward pass that step runs
+    (the DiT's and the heads'), and its gradients must stay those of eager."""
     from dit_core.diffusion import create_process
     from dit_core.train.objectives import Objective, ObjectiveOptions
     from dit_core.train.step import compile_blocks
@@ -322,7 +322,7 @@ def test_trainer_compiles_the_forward_that_an_objective_runs():
         objective = Objective(ObjectiveOptions(objective="flow"), create_process("flow", learn_sigma=False), model,
                               batch_size=4)
         if compiled:
-            compile_blocks(model)
+            compile_blocks(model, objective.module)
         before = torch._dynamo.utils.counters["frames"]["ok"]
         out, _ = objective.module(x, t, y)
         out.pow(2).mean().backward()

@@ -96,8 +96,9 @@ def run_processes(n: int, argv: list[str], usable: int | None = None) -> int:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the launcher passes it on to the processes
     print(f"dit-train: {n} processes on the CPU, {threads} thread(s) each (torchrun, DDP over gloo; cpu_processes: 1 "
           "trains in one)", flush=True)
+    # the launcher looks at its processes once a second (not ten times): on a small machine every core trains
     args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={n}", "--local-ranks-filter=0",
-                                         "--module", "dit_core.train", *argv])
+                                         "--monitor-interval=1", "--module", "dit_core.train", *argv])
     try:
         run(args)
     except ChildFailedError as err:

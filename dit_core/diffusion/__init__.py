@@ -60,7 +60,8 @@ def sampler_objective(sampler: str, objective: str) -> str:
     if objective == "flow" and sampler in FLOW_ALIASES:
         return FLOW_ALIASES[sampler]
     if SAMPLERS[sampler][0] != objective:
-        fits = [name for name, (kind, _) in SAMPLERS.items() if kind == objective or (objective == "flow" and name in FLOW_ALIASES)]
+        fits = [name for name, (kind, _) in SAMPLERS.items()
+                if kind == objective or (objective == "flow" and name in FLOW_ALIASES)]
         raise ValueError(f"sampler {sampler!r} does not sample a model trained with objective {objective!r}: use one "
                          f"of {', '.join(fits)}")
     return sampler

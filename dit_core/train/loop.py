@@ -230,7 +230,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     trained = objective.module if objective is not None else model
     opt = make_optimizer(trained, cfg, device, precision)
     if should_compile(cfg, device, procs.is_main):
-        compile_blocks(model)
+        compile_blocks(model, trained)  # the module the step runs
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
                         seed=cfg.seed, procs=procs, train_model=distributed.wrap(trained, procs), objective=objective)
     extras = objective.extras if objective is not None else None  # saved in checkpoints beside the DiT
@@ -290,7 +290,8 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                 last = step == cfg.max_steps or stopped is not None
                 if step % cfg.log_every == 0 or last:
                     stepper.guard.read()  # reports skipped steps; a run of bad ones raises TrainingDiverged
-                    result.terms = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()}
+                    result.terms = {k: float(distributed.mean_over_processes(v, procs))  # averaged over processes
+                                    for k, v in result.terms.items()}
                 for message in stepper.guard.take_messages():
                     monitor.write(message)
                 monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, result.terms, force=last)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runtime import autocast, compile_dit
+from ..runtime import autocast, compile_dit, compiler_missing, default_compile_scope
 from ..vae import sample_latents
 from . import distributed
 from .batches import micro_slice, step_draws
@@ -90,14 +90,24 @@ class StepResult:
         return self._values
 
 
-def compile_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    """``torch.compile`` the DiT for training, in place (:func:`dit_core.runtime.compile_dit` at its default
-    scope): on a GPU each block (regional compilation: the blocks share one compiled graph, so it compiles once,
-    in seconds rather than minutes, and works with checkpointing and DDP); on the CPU the whole forward pass,
-    whose gradients are correct where a block compiled alone is not
-    (:func:`dit_core.runtime.default_compile_scope`). The options of :mod:`dit_core.train.objectives` run the
-    same :meth:`DiT.forward <dit_core.models.DiT.forward>`, so their steps are compiled too."""
-    return compile_dit(model)
+def compile_blocks(model: torch.nn.Module, trained: torch.nn.Module | None = None) -> torch.nn.Module:
+    """``torch.compile`` for training, in place (:func:`dit_core.runtime.compile_dit` at its default scope): on a
+    GPU each block of ``model`` (regional compilation: the blocks share one compiled graph, so it compiles once,
+    in seconds rather than minutes, and works with checkpointing and DDP); on the CPU the whole of ``trained``,
+    the module whose forward pass the step runs (default: ``model``), whose gradients are correct where a block
+    compiled alone is not (:func:`dit_core.runtime.default_compile_scope`). With the options of
+    :mod:`dit_core.train.objectives` that is the objective's :class:`~dit_core.alignment.TrainingModel`: the DiT's
+    forward and REPA's projector then compile as one graph."""
+    trained = model if trained is None else trained
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    if trained is model or default_compile_scope(device) == "blocks":
+        return compile_dit(model)
+    missing = compiler_missing(device)
+    if missing:
+        raise ValueError(missing)
+    trained.compile()
+    return model
 
 
 def skips_on_device(opt: torch.optim.Optimizer) -> bool:
