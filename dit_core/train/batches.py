@@ -223,7 +223,7 @@ def micro_batches(dataset, sampler: MicroBatches, *, preload_mode: str, num_work
         return (flipped_batch(x_all, y_all, items) for items in sampler)
     if use:
         if not is_deterministic(dataset):
-            raise ValueError("preload keeps one copy of every item, which would freeze random flips; use "
+            raise ConfigError("preload keeps one copy of every item, which would freeze random flips; use "
                              "--flip false or --preload false")
         x_all, y_all = preload(dataset, device)
         return ((x_all[[i for i, _ in items]], y_all[[i for i, _ in items]]) for items in sampler)
