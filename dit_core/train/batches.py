@@ -208,16 +208,15 @@ def preload(dataset, device: torch.device):
     return torch.stack(xs).to(device), torch.as_tensor(ys, dtype=torch.long).to(device)
 
 
-def micro_batches(dataset, sampler: MicroBatches, *, preload_mode: str, num_workers: int, device: torch.device,
-                  worker_init_fn=None):
-    """The iterator of ``(x, y, ...)`` micro-batches that ``sampler`` lists. Small datasets are kept in memory
-    (``preload_mode``: auto, true, false), decoded once; an image folder with flips is kept unflipped and each
-    item flipped from its seed, exactly as the data loader would (measured: 13 % of the step spent decoding 32 px
-    files at 1.6 steps/s on one core). Otherwise a DataLoader with ``num_workers`` reads them, seeded per item
+def micro_batches(dataset, sampler: MicroBatches, sample_shape, *, preload_mode: str, num_workers: int,
+                  device: torch.device, worker_init_fn=None):
+    """The iterator of ``(x, y, ...)`` micro-batches that ``sampler`` lists (items of ``sample_shape``). Small
+    datasets are kept in memory (``preload_mode``: auto, true, false), decoded once; an image folder with flips
+    is kept unflipped and each item flipped from its seed, exactly as the data loader would (measured: 13 % of
+    the step spent decoding 32 px files at 1.6 steps/s on one core). Otherwise a DataLoader with ``num_workers`` reads them, seeded per item
     (:class:`SeededItems`), so the batches are the same either way."""
-    item_bytes = 4 * int(np.prod(tuple(dataset[0][0].shape))) if preload_mode == "auto" else 0
     use = preload_mode == "true" or (preload_mode == "auto" and (is_deterministic(dataset) or flips_only(dataset))
-                                     and len(dataset) * item_bytes < PRELOAD_MAX_BYTES)
+                                     and len(dataset) * 4 * int(np.prod(sample_shape)) < PRELOAD_MAX_BYTES)
     if use and flips_only(dataset):
         x_all, y_all = preload(unflipped(dataset), device)
         return (flipped_batch(x_all, y_all, items) for items in sampler)

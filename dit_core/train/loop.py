@@ -255,7 +255,7 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     sampler = MicroBatches(DataOrder(len(dataset), cfg.seed), cfg.seed, cfg.batch_size, cfg.grad_accum,
                            procs.world_size, procs.rank, start_step=step, end_step=cfg.max_steps,
                            samples_seen=samples_seen)
-    batches = micro_batches(dataset, sampler, preload_mode=cfg.preload, num_workers=cfg.num_workers,
+    batches = micro_batches(dataset, sampler, sample_shape, preload_mode=cfg.preload, num_workers=cfg.num_workers,
                             device=device, worker_init_fn=ignore_stop_signals)
 
     # -- the loop -----------------------------------------------------------------------------------------
