@@ -249,6 +249,7 @@ class Objective:
         weights = None
         if keep is not None:
             weights = torch.zeros(len(keep), self.num_tokens, device=dev).scatter_(1, keep, 1.0)
+        capture = o.repa_depth if o.repa_weight > 0 else None
         seen = {}  # what the process's loss does not return: the model's input and output, the projected tokens
 
         def model_fn(x_t, t, y):
@@ -257,7 +258,6 @@ class Objective:
             seen["x_t"], seen["output"] = x_t, output.float()
             return seen["output"]
 
-        capture = o.repa_depth if o.repa_weight > 0 else None
         # the process's own loss (DiT's hybrid loss, or the interpolant's velocity MSE), over the kept tokens
         terms = self.process.training_losses(model_fn, x_start, u if self.flow else steps, dict(y=y), noise=noise,
                                              reduce=lambda m: token_mean(m, self.patch_size, weights))
