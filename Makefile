@@ -71,7 +71,7 @@ SMOKE_DIR := _build/smoke
 SMOKE_STAGE := _build/smoke-src
 NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
 SMOKE_NOTEBOOKS := $(patsubst book/%.ipynb,$(SMOKE_DIR)/%.smoke.ipynb,$(NOTEBOOKS))
-LIBRARY_SOURCES := $(shell find dit_core -name '*.py' -o -name '*.yaml' 2>/dev/null)
+LIBRARY_SOURCES := $(shell find dit_core dit_book -name '*.py' -o -name '*.yaml' 2>/dev/null)
 
 help:
 	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -150,7 +150,7 @@ browser-test: setup
 	@echo ">> screenshots: $(CURDIR)/_build/screenshots/"
 
 # After the build, the execution time of every chapter it ran goes into book/_timings.json (with the date, the
-# commit and the machine), and the intro's chapter table is regenerated from it (dit_core/book/timings.py): commit
+# commit and the machine), and the intro's chapter table is regenerated from it (dit_book/timings.py): commit
 # both. The chapters' "Running this chapter" boxes read that file, so the next build shows these times; the intro's
 # page is rendered again at once (an incremental Sphinx build re-reads only the changed intro.md), so the HTML
 # is never older than its sources (the browser test checks that).
@@ -158,7 +158,7 @@ BOOK_BUILD = JUPYTER_PATH="$(ENV_PREFIX)/share/jupyter" "$(ENV_PREFIX)/bin/jupyt
 book: setup vendor
 	start=$$(date +%s); \
 	$(BOOK_BUILD); \
-	"$(PYTHON)" -m dit_core.book timings record --build-dir _build --since $$start; \
+	"$(PYTHON)" -m dit_book timings record --build-dir _build --since $$start; \
 	if [ book/intro.md -nt _build/html/book/intro.html ]; then \
 	  echo ">> the intro's chapter table has the new times: rendering its page again (the chapters are not re-run)"; \
 	  $(BOOK_BUILD); \

@@ -9,12 +9,12 @@
         --per-class 50 --eval-steps 25         # the committed shapes grid: a smaller budget (2-core machine)
 
 For each dataset (the digits profile; the small-images profile on a generated shapes folder) and each method
-of :data:`dit_core.measure.convergence.METHODS` (DiT's recipe ``dit``, ``flow``, ``logit_normal``,
+of :data:`dit_book.convergence.METHODS` (DiT's recipe ``dit``, ``flow``, ``logit_normal``,
 ``min_snr``, ``mask``, ``repa``), then the best combination (``best``: every single method that beat DiT's
 steps to 95 %, joined; chosen from the single runs' records), with seeds 0, 1, 2: train for the profile's
 budget with the real trainer, score the EMA model every ``eval_every`` steps with the dataset's judge, and
 record class accuracy and Fréchet distance against steps and training seconds
-(:func:`dit_core.measure.convergence.run_one`). Every method gets the same steps, batch and schedule.
+(:func:`dit_book.convergence.run_one`). Every method gets the same steps, batch and schedule.
 
 Resumable: each (dataset, method, seed) run keeps its state under ``--work`` (default ``runs/convergence``) and
 writes its record atomically when complete; a killed benchmark started again continues. After every run
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dit_core.atomic import atomic_write_text  # noqa: E402
-from dit_core.measure import convergence as conv  # noqa: E402
+from dit_book import convergence as conv  # noqa: E402
 
 SINGLES = list(conv.METHODS)
 QUICK = {  # tiny budgets: every code path of the full run, in minutes

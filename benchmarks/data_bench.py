@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dit_core.book.bench_data import loader_rate, make_jpegs, rate  # noqa: E402
+from dit_book.bench_data import loader_rate, make_jpegs, rate  # noqa: E402
 from dit_core.data import ImageFolderDataset  # noqa: E402
 from dit_core.latents import LatentDataset, extract_latents  # noqa: E402
 from dit_core.runtime import usable_cores  # noqa: E402

@@ -48,7 +48,7 @@ def child_env() -> dict:
 CARDS = {"rtx3060-12gb": 11.6, "rtx3090-24gb": 23.6, "a100-40gb": 39.4, "a100-80gb": 79.2, "h100-80gb": 79.2,
          "imagenette-b2": 11.6, "imagenette-b2-fp16": 14.5}
 #: profiles whose micro-batch and checkpointing chapter 05 takes from the memory planner for the card it runs on
-#: (``dit_core.book.track.planned_batch``); here the planner is asked for the cap, as the chapter would be
+#: (``dit_book.track.planned_batch``); here the planner is asked for the cap, as the chapter would be
 PLANNED = ("imagenette-b2", "imagenette-b2-fp16")
 #: --dry-run: each profile's settings on a tiny model, on the CPU (checks this script and the settings)
 DRY = dict(depth=2, hidden_size=64, num_heads=2, batch_size=8, grad_accum=2, device="cpu", num_workers=0)
@@ -85,7 +85,7 @@ def planned_overrides(profile: str, limit_gib: float) -> dict:
     for them (empty for the profiles that fix their own)."""
     if profile not in PLANNED or not limit_gib:
         return {}
-    from dit_core.book.track import planned_batch
+    from dit_book.track import planned_batch
     from dit_core.train.config import make_config
 
     cfg = make_config(profile)

@@ -66,7 +66,7 @@ small = mode in ("dry", "smoke")  # tiny stand-ins and the chapters' SMOKE sizes
 if not (torch.cuda.is_available() or dry):
     sys.exit("gpu_track.sh needs a CUDA GPU; on a CPU, `bash benchmarks/gpu_track.sh --dry-run` checks the script")
 
-from dit_core.book import track as tracks
+from dit_book import track as tracks
 
 repo = Path.cwd()
 train_minutes = float(os.environ.get("TRAIN_MINUTES", "0.05" if small else "1"))

@@ -10,8 +10,9 @@ The layout follows the architecture: the teaching core (:mod:`.models`, :mod:`.a
 :mod:`.teachers`; the options themselves are :mod:`.train.objectives`); the data pipeline (:mod:`.vae`,
 :mod:`.data`, :mod:`.latents`, and :mod:`.downloads`, which fetches the GPU track's files only when asked); evaluation
 (:mod:`.eval`); checkpoints and interop (:mod:`.checkpoint`, :mod:`.interop`, :mod:`.atomic`); where the
-computation runs (:mod:`.runtime`); the measuring tools (:mod:`.measure`); the command lines on top (:mod:`.cli`);
-and, apart from the library, the book's helpers (:mod:`.book`).
+computation runs (:mod:`.runtime`); the measuring tools (:mod:`.measure`); the command lines on top (:mod:`.cli`).
+The book's helpers (showing source, chapter timings, the GPU track's cells, the converging-faster study) live
+apart from the library, in the package ``dit_book``.
 
 Names are imported lazily so that ``import dit_core`` stays cheap and each piece can be used alone.
 """

@@ -25,7 +25,7 @@ def python3_kernel(tmp_path_factory):
 
     A kernelspec written to a temporary folder at the front of JUPYTER_PATH wins over any user-level or
     system "python3" kernel that might point at another Python. Kernels get DIT_SMOKE=1 as well, so
-    ``dit_core.book.smoke_mode()`` agrees with the injected ``SMOKE = True``.
+    ``dit_book.smoke_mode()`` agrees with the injected ``SMOKE = True``.
     """
     root = tmp_path_factory.mktemp("jupyter")
     spec_dir = root / "kernels" / "python3"

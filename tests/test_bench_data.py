@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_core.book import bench_data
+from dit_book import bench_data
 from dit_core.data import ImageFolderDataset
 from dit_core.measure.env import FORMAT_BITS, matmul_benchmark, matmul_modes
 from dit_core.vae import SD_VAE_CONFIG, load_vae_or_random, random_vae

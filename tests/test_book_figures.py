@@ -1,4 +1,4 @@
-"""The figures drawn by dit_core.book.figures show the model they are given (chapter 03's Figure 3)."""
+"""The figures drawn by dit_book.figures show the model they are given (chapter 03's Figure 3)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 from dit_core import DiT  # noqa: E402
-from dit_core.book.figures import DiTShape, dit_figure  # noqa: E402
+from dit_book.figures import DiTShape, dit_figure  # noqa: E402
 from dit_core.measure.flops import meta_model  # noqa: E402
 
 

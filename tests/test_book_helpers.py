@@ -1,17 +1,17 @@
-"""dit_core.book: the notebook helpers (source display, smoke mode, output stripping)."""
+"""dit_book: the notebook helpers (source display, smoke mode, output stripping)."""
 
 import inspect
 
 import pytest
 
-from dit_core import book
-from dit_core.book import notebooks
+import dit_book as book
+from dit_book import notebooks
 
 
 def test_source_of_dotted_name_matches_the_file():
-    src = book.source_of("dit_core.book.smoke_mode")
-    assert src.name == "dit_core.book.smoke_mode"
-    assert src.path == "dit_core/book/notebooks.py"
+    src = book.source_of("dit_book.smoke_mode")
+    assert src.name == "dit_book.smoke_mode"
+    assert src.path == "dit_book/notebooks.py"
     assert src.text.startswith("def smoke_mode(")
     file_lines = inspect.getsource(notebooks).splitlines()
     # first_line/last_line point at the real lines of the file
@@ -22,7 +22,7 @@ def test_source_of_dotted_name_matches_the_file():
 def test_source_of_method_instance_and_property():
     method = book.source_of(book.SourceView._repr_html_)
     assert method.text.startswith("def _repr_html_(self)")  # dedented
-    assert method.name == "dit_core.book.source.SourceView._repr_html_"
+    assert method.name == "dit_book.source.SourceView._repr_html_"
     inst = book.source_of(book.SourceView(method))
     assert inst.text.startswith("class SourceView")
     prop = book.source_of(book.Source.last_line)
@@ -31,7 +31,7 @@ def test_source_of_method_instance_and_property():
 
 def test_show_source_outside_ipython_returns_plain_text():
     text = book.show_source(book.smoke_mode)
-    assert text.splitlines()[0].startswith("# dit_core.book.notebooks.smoke_mode  (dit_core/book/notebooks.py, lines ")
+    assert text.splitlines()[0].startswith("# dit_book.notebooks.smoke_mode  (dit_book/notebooks.py, lines ")
     assert "def smoke_mode(default: bool = False) -> bool:" in text
     # a name the book re-exports is shown where it lives
     assert book.show_source(book.set_threads).startswith("# dit_core.runtime.set_threads  (dit_core/runtime.py")
@@ -50,7 +50,7 @@ def test_show_source_errors_name_the_problem():
     with pytest.raises(TypeError, match="has none"):
         book.show_source(len)
     with pytest.raises(ValueError, match="has no attribute 'nope'"):
-        book.show_source("dit_core.book.nope")
+        book.show_source("dit_book.nope")
     with pytest.raises(ValueError, match="no importable module"):
         book.show_source("no_such_package_xyz.thing")
 

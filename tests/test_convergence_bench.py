@@ -1,4 +1,4 @@
-"""The convergence measurement (dit_core.measure.convergence, benchmarks/convergence.py): method settings, reading
+"""The convergence measurement (dit_book.convergence, benchmarks/convergence.py): method settings, reading
 steps-to-target off records, the table, choosing the combination, and one tiny resumable run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dit_core.measure import convergence as conv
+from dit_book import convergence as conv
 
 
 def record(method, seed, accuracies, fds, every=50, budget=None):

@@ -3,7 +3,7 @@
 import torch
 
 from dit_core import create_diffusion
-from dit_core.book.toy import ExactDenoiser
+from dit_book.toy import ExactDenoiser
 
 
 def test_single_point_is_recovered_exactly():

@@ -128,7 +128,7 @@ def test_imagenette_archive_is_checked_against_the_published_size(tmp_path):
 
 
 def test_dit_checkpoint_is_verified_by_loading(tmp_path):
-    from dit_core.book.track import standins
+    from dit_book.track import standins
 
     paths = standins(tmp_path / "s")
     assert downloads.dit_checkpoint(local=paths["official"]) == paths["official"]

@@ -1,4 +1,4 @@
-"""The checkers of the book's "implement it" exercises (dit_core.book.exercises) accept a right solution and
+"""The checkers of the book's "implement it" exercises (dit_book.exercises) accept a right solution and
 name the part of a wrong one. The right solutions here are the ones chapters 3, 4 and 7 show."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dit_core.book.exercises import check_ddim_step, check_guidance, check_patchify
+from dit_book.exercises import check_ddim_step, check_guidance, check_patchify
 
 
 def patchify(x, p):

@@ -1,4 +1,4 @@
-"""The "Runs on a GPU" box that GPU-track cells show on a build without a GPU (dit_core.book.gpu_box)."""
+"""The "Runs on a GPU" box that GPU-track cells show on a build without a GPU (dit_book.gpu_box)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dit_core.book.gpu_box import gpu_only
-from dit_core.book.timings import RESULTS
+from dit_book.gpu_box import gpu_only
+from dit_book.timings import RESULTS
 
 
 def _results(tmp_path, records=()):

@@ -1,7 +1,7 @@
 """Repository hygiene that keeps `make book` and the smoke runs green without executing anything.
 
 * every chapter notebook has one `parameters` cell that sets ``SMOKE = False`` (tests/test_notebooks.py),
-* notebooks are committed without outputs (fix: ``python -m dit_core.book strip-outputs book/*.ipynb``),
+* notebooks are committed without outputs (fix: ``python -m dit_book strip-outputs book/*.ipynb``),
 * notebooks name the ``python3`` kernel that papermill and jupyter-book start,
 * ``_toc.yml`` lists every page in book/ in chapter order, and every file it lists exists,
 * every citation in the book has an entry in book/references.bib,
@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO_ROOT / "book"
 NOTEBOOKS = sorted(BOOK_DIR.glob("*.ipynb"))
 PAGES = sorted(BOOK_DIR.glob("*.md")) + NOTEBOOKS
-STRIP_HINT = "python -m dit_core.book strip-outputs book/*.ipynb"
+STRIP_HINT = "python -m dit_book strip-outputs book/*.ipynb"
 
 
 def _read(notebook: Path):
@@ -144,7 +144,7 @@ def test_every_citation_has_a_bibliography_entry():
 # ------------------------------------------------------------------------------------------------ chapter shape
 #: Every chapter of _toc.yml (a notebook) starts and ends the same way:
 #: * its title alone in the first cell, then the "Running this chapter" box: a code cell tagged ``remove-input`` that
-#:   calls ``chapter_box("<its own stem>")`` (``python -m dit_core.book add-box book/NN.ipynb`` inserts it);
+#:   calls ``chapter_box("<its own stem>")`` (``python -m dit_book add-box book/NN.ipynb`` inserts it);
 #: * near the end "## What to remember" with 3 to 6 points, then "## Exercises": at least three, each
 #:   ``**Exercise N ...**`` followed by its solution in a dropdown admonition (hidden behind a toggle in the HTML),
 #:   at least one marked "(predict, then measure)": it changes code or a parameter and predicts a measured outcome;
@@ -175,10 +175,10 @@ def _section(source: str, heading: str) -> str:
 
 @pytest.mark.parametrize("notebook", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_chapter_starts_with_its_running_box(notebook):
-    from dit_core.book.timings import BOX_TAGS, box_stem
+    from dit_book.timings import BOX_TAGS, box_stem
 
     nb = _read(notebook)
-    fix = f"run `python -m dit_core.book add-box book/{notebook.name}`"
+    fix = f"run `python -m dit_book add-box book/{notebook.name}`"
     first = nb.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith("# ") and "\n" not in first.source.strip(), (
         f"{notebook.name}: the first cell must hold the chapter's title alone (# ...); {fix}")
@@ -243,7 +243,7 @@ def test_the_shape_check_catches_a_chapter_without_an_ending(tmp_path):
     nbformat.write(nb, path)
     with pytest.raises(AssertionError, match="has 2 points"):
         test_chapter_ends_with_remember_exercises_and_next(path)
-    from dit_core.book.timings import add_box
+    from dit_book.timings import add_box
 
     assert add_box(path) and not add_box(path)
     test_chapter_starts_with_its_running_box(path)
@@ -269,6 +269,7 @@ PROFILE_MAX_LINES = 60
 def _user_facing_files() -> list[Path]:
     files = [REPO_ROOT / "README.md", *BOOK_DIR.glob("*.md"), *NOTEBOOKS]
     files += [p for p in (REPO_ROOT / "dit_core").rglob("*") if p.suffix in (".py", ".yaml")]
+    files += [p for p in (REPO_ROOT / "dit_book").rglob("*") if p.suffix == ".py"]
     files += [p for p in (REPO_ROOT / "benchmarks").rglob("*") if p.suffix in (".py", ".sh", ".md", ".json")]
     return sorted(p for p in files if p.is_file() and "__pycache__" not in p.parts)
 
@@ -323,3 +324,12 @@ def test_every_chapter_is_sized_for_reading(notebook):
     assert words <= CHAPTER_MAX_WORDS, (
         f"{notebook.name} has {words} words of prose; keep a chapter at most {CHAPTER_MAX_WORDS}: split it by "
         "concept, or move what is a study's history into its record in benchmarks/results")
+
+
+def test_the_library_never_imports_the_books_helpers():
+    """``dit_core`` trains, samples and measures without the book: the book's helpers (``dit_book``) import the
+    library, never the other way round."""
+    uses = [f"{p.relative_to(REPO_ROOT)}:{n}" for p in sorted((REPO_ROOT / "dit_core").rglob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if re.match(r"\s*(from|import)\s+dit_book\b", line)]
+    assert not uses, f"dit_core imports dit_book at {uses}; move the code the library needs into dit_core"

@@ -189,7 +189,7 @@ def test_label_map_errors_are_clear(tmp_path):
 @pytest.fixture(scope="module")
 def latents(prepared, tmp_path_factory):
     pytest.importorskip("diffusers")
-    from dit_core.book.track import standins
+    from dit_book.track import standins
     from dit_core.latents import extract_latents
 
     vae = standins(tmp_path_factory.mktemp("standins"))["vae"]

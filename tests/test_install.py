@@ -80,6 +80,8 @@ def test_a_clean_archive_installs_into_a_fresh_environment(tmp_path):
     where = subprocess.run([str(python), "-c", "import dit_core; print(dit_core.__file__)"], **run).stdout.strip()
     assert Path(where).resolve().is_relative_to(venv.resolve()), (
         f"dit_core was imported from {where}, not from the fresh environment {venv}")
+    book = subprocess.run([str(python), "-c", "import dit_book; print(dit_book.__file__)"], **run).stdout.strip()
+    assert Path(book).resolve().is_relative_to(venv.resolve()), f"dit_book was imported from {book}"
     out = subprocess.run([str(venv / "bin" / "dit-models")], **run).stdout
     assert "DiT-XL/2" in out and "675,129,632" in out, out
     profiles = subprocess.run([str(python), "-c", "from dit_core.train.config import profiles; print(profiles())"],

@@ -106,8 +106,8 @@ def test_no_placeholders_and_the_generated_sections_are_there():
 
 # ------------------------------------------------------------------------------------------------ run times
 # The chapter table's time columns and every chapter's "Running this chapter" box come from book/_timings.json,
-# which `make book` rewrites after each build (dit_core/book/timings.py).
-from dit_core.book import timings  # noqa: E402
+# which `make book` rewrites after each build (dit_book/timings.py).
+from dit_book import timings  # noqa: E402
 
 TIMINGS = REPO_ROOT / "book" / "_timings.json"
 
@@ -119,10 +119,10 @@ def test_intro_time_columns_are_the_timings_file():
         cells = [c.strip() for c in next(r for r in rows if f"]({stem}.ipynb)" in r).strip("|").split("|")]
         assert tuple(cells[3:]) == timings.intro_cells(stem, data), (
             f"book/intro.md: the times of {stem} ({cells[3:]}) are not book/_timings.json's "
-            f"{timings.intro_cells(stem, data)}; run `python -m dit_core.book timings intro`")
+            f"{timings.intro_cells(stem, data)}; run `python -m dit_book timings intro`")
     total = [c.strip() for c in next(r for r in rows if "**all**" in r).strip("|").split("|")]
     assert tuple(total[3:]) == timings.intro_total(_chapters(), data), (
-        "book/intro.md: the 'all' row is not the sum of book/_timings.json; run `python -m dit_core.book timings intro`")
+        "book/intro.md: the 'all' row is not the sum of book/_timings.json; run `python -m dit_book timings intro`")
     assert timings.render_intro(INTRO.read_text(), data) == INTRO.read_text()
 
 
@@ -213,7 +213,7 @@ def test_gpu_time_prefers_measurements(tmp_path):
     data = {"chapters": {"03_model": {"cpu": {"seconds": 21}}}}
     empty = tmp_path / "results"
     empty.mkdir()
-    from dit_core.book import track
+    from dit_book import track
 
     costs = track.costs(track.card_peak(timings.ESTIMATE_CARD))
     training = next(s for s, c in costs.items() if c == 60 * track.DEFAULTS["train_minutes"])

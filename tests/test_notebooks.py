@@ -6,14 +6,14 @@ The convention that lets a new chapter be covered just by adding its notebook:
   every cost knob (profile, steps, batch, image size, device, data/output folders).
 * When ``SMOKE`` is True the notebook itself picks tiny settings (a few steps, a tiny model), so it finishes
   in well under ``DEFAULT_BUDGET_S`` on 2 CPU cores. The test injects ``SMOKE = True``
-  (``COMMON_PARAMS``); the kernel also sees ``DIT_SMOKE=1`` (``dit_core.book.smoke_mode()``).
+  (``COMMON_PARAMS``); the kernel also sees ``DIT_SMOKE=1`` (``dit_book.smoke_mode()``).
 * ``SMOKE_PARAMS`` below may override more knobs for one notebook (keyed by file stem); every name there
   must exist in that notebook's parameters cell, or the test fails and names it.
 * The GPU track: a notebook whose parameters cell defines ``TRACK = "auto"`` has cells that run only on the GPU
   track (a CUDA GPU). ``test_notebook_smoke_gpu_track`` runs each of them a second time with ``TRACK = "gpu"``
   forced on the CPU: at smoke size the notebook makes its own stand-ins for every download (a small archive in
   Imagenette's layout, a tiny saved VAE, a tiny checkpoint in the official format, random Inception weights;
-  ``dit_core.book.track.standins``), so each GPU cell runs, line for line, before a GPU reader meets it.
+  ``dit_book.track.standins``), so each GPU cell runs, line for line, before a GPU reader meets it.
 * The kernel's working directory is ``<tmp>/book``, a scratch mirror of the repository layout: relative
   paths such as ``../data/digits`` or ``outputs/`` behave as in the book build but never touch the tree.
   Chapters must not rely on another chapter having run: each creates what it needs when it is missing.
@@ -140,7 +140,7 @@ def test_harness_injects_smoke_values_and_mirrors_layout(tmp_path, python3_kerne
         src / "99_example.ipynb",
         "SMOKE = False\nSTEPS = 100_000\nDATA_DIR = '../data'",
         "import os, pathlib\n"
-        "from dit_core.book import smoke_mode\n"
+        "from dit_book import smoke_mode\n"
         "steps = 3 if SMOKE else STEPS\n"
         "pathlib.Path(DATA_DIR).mkdir(parents=True, exist_ok=True)\n"
         "pathlib.Path(DATA_DIR, 'marker.txt').write_text(f'{SMOKE} {steps} {smoke_mode()} {os.getcwd()}')",

@@ -2,7 +2,7 @@
 
 Every study is one Markdown record (question, machine, date, command, figures, conclusion); the README and
 book/intro.md carry one table of what each profile gives, generated from the records' JSON by
-dit_core.book.records, as the chapter table's times are generated from book/_timings.json.
+dit_book.records, as the chapter table's times are generated from book/_timings.json.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dit_core.book import records
+from dit_book import records
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
-FIX = "run `python -m dit_core.book.records`"
+FIX = "run `python -m dit_book.records`"
 
 
 @pytest.mark.parametrize("name", records.RECORDS)
@@ -51,7 +51,7 @@ def test_records_name_only_files_that_exist():
 def test_every_profile_has_a_row():
     profiles = sorted(p.stem for p in (REPO_ROOT / "dit_core" / "configs").glob("*.yaml"))
     assert sorted(records.HARDWARE) == profiles, (
-        "dit_core/book/records.py: HARDWARE must list every profile of dit_core/configs (and no other); "
+        "dit_book/records.py: HARDWARE must list every profile of dit_core/configs (and no other); "
         f"profiles {profiles}, listed {sorted(records.HARDWARE)}")
     rows = records.profile_rows()
     assert [r.profile for r in rows] == list(records.HARDWARE)

@@ -1,4 +1,4 @@
-"""The GPU track's helpers (dit_core.book.track) and what the trainer logs for it: data wait and memory."""
+"""The GPU track's helpers (dit_book.track) and what the trainer logs for it: data wait and memory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dit_core.book import track
+from dit_book import track
 from dit_core.train import make_config, train
 
 TINY = dict(model="DiT-S/2", depth=1, hidden_size=32, num_heads=2, batch_size=8, num_workers=0, tensorboard=False,

@@ -4,18 +4,18 @@
 * **CPU time, measured.** ``make book`` executes every chapter (Jupyter Book 1.x through myst-nb, which keeps each
   notebook's execution time in the Sphinx environment, ``_build/.doctrees/environment.pickle``: the data behind
   the "Execution times of this build" table at the end of the introduction). Right after the build,
-  ``python -m dit_core.book timings record --since T`` reads the times of the notebooks executed after ``T`` (the
+  ``python -m dit_book timings record --since T`` reads the times of the notebooks executed after ``T`` (the
   build's start) and writes them into ``book/_timings.json``, each with its date, commit and machine, then rewrites
   the time columns of the introduction's chapter table from that file (:func:`update_intro`). Commit both files:
   the next build's boxes and table show them. A build on a machine with a CUDA GPU records GPU times instead.
 * **GPU time, measured or estimated.** In this order: a ``make book`` on a GPU machine (the file's ``gpu``
   entries); a record of ``benchmarks/gpu_track.sh`` (``benchmarks/results/*-gpu-track.json``: the GPU track at
   full size with stand-ins for the downloads, its training and FID sampling extrapolated to the chapter's
-  defaults); otherwise an **estimate** (:func:`gpu_time`): :func:`dit_core.book.track.costs` on a 24 GB card
+  defaults); otherwise an **estimate** (:func:`gpu_time`): :func:`dit_book.track.costs` on a 24 GB card
   (an RTX 4090: the H200's measured speeds scaled by the card's bf16 peak) plus a minute of start-up for the
   GPU-track chapters, the measured CPU time as an upper bound for chapters without GPU work.
 * :func:`chapter_box` renders the box (a code cell tagged ``remove-input`` right after each chapter's title:
-  ``python -m dit_core.book add-box book/NN_name.ipynb`` inserts it); the tests check that the boxes and the
+  ``python -m dit_book add-box book/NN_name.ipynb`` inserts it); the tests check that the boxes and the
   introduction say what the file says (tests/test_intro.py, tests/test_hygiene.py).
 """
 
@@ -32,7 +32,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMINGS = REPO_ROOT / "book" / "_timings.json"
 INTRO = REPO_ROOT / "book" / "intro.md"
 RESULTS = REPO_ROOT / "benchmarks" / "results"
@@ -43,12 +43,12 @@ ESTIMATE_CARD = "NVIDIA GeForce RTX 4090"
 #: Added to the estimated GPU work of a GPU-track chapter: kernel start, imports, building models, the CPU-side
 #: cells. An allowance, not a measurement.
 START_UP_S = 60.0
-#: Chapters with GPU work that :func:`dit_core.book.track.costs` does not cover: (seconds, what it is), estimates.
+#: Chapters with GPU work that :func:`dit_book.track.costs` does not cover: (seconds, what it is), estimates.
 OTHER_GPU_WORK = {
     "06_memory_and_speed": (300.0, "DiT-XL/2 measured on the card, compilation included"),
 }
 #: What comes on top of a chapter's GPU time (downloads), or what most of it is. The chapter that trains on the
-#: GPU track (the one :func:`dit_core.book.track.costs` gives the training budget) gets :func:`training_note`.
+#: GPU track (the one :func:`dit_book.track.costs` gives the training budget) gets :func:`training_note`.
 GPU_NOTES = {
     "01_data": "+ Imagenette, 342 MB",
     "02_latents": "+ the VAE, 335 MB",
@@ -71,7 +71,7 @@ def load(path: str | os.PathLike | None = None) -> dict:
 
 
 def save(data: dict, path: str | os.PathLike = TIMINGS) -> None:
-    from ..atomic import atomic_write_text
+    from dit_core.atomic import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(data, indent=1, sort_keys=False) + "\n")
 
@@ -234,7 +234,7 @@ def gpu_time(stem: str, data: dict | None = None, results: str | os.PathLike = R
     if stem in costs:
         return GpuTime(costs[stem] + START_UP_S, False,
                        f"an estimate for an {card} (24 GB): the H200's measured speeds scaled by the card's bf16 peak "
-                       f"(`dit_core.book.track.costs`), plus a minute of start-up", note)
+                       f"(`dit_book.track.costs`), plus a minute of start-up", note)
     if stem in OTHER_GPU_WORK:
         seconds, what = OTHER_GPU_WORK[stem]
         return GpuTime(seconds, False, f"an estimate for an {card} (24 GB): {what}", note)
@@ -290,7 +290,7 @@ def chapter_box(stem: str) -> ChapterBox:
     return ChapterBox(stem)
 
 
-BOX_SOURCE = 'from dit_core.book import chapter_box\n\nchapter_box("{stem}")'
+BOX_SOURCE = 'from dit_book import chapter_box\n\nchapter_box("{stem}")'
 BOX_TAGS = ["remove-input"]
 
 
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     import argparse
     import time
 
-    parser = argparse.ArgumentParser(prog="python -m dit_core.book timings",
+    parser = argparse.ArgumentParser(prog="python -m dit_book timings",
                                      description="Chapter run times: record a build's, rewrite the intro's table.")
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="after `make book`: the build's execution times into book/_timings.json")

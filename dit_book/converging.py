@@ -1,7 +1,7 @@
 """The helpers of chapter "Converging faster": a toy whose velocity is known exactly, the curves of the timestep
 densities and loss weights, a picture of masked tokens, and the live timing of a step per option.
 
-The measurements themselves (runs, records, table, curves) are :mod:`dit_core.measure.convergence`.
+The measurements themselves (runs, records, table, curves) are :mod:`dit_book.convergence`.
 """
 
 from __future__ import annotations

@@ -207,10 +207,10 @@ def standins(folder: str | os.PathLike, full_size: bool = False, workers: int = 
     Pictures from them are noise and FIDs meaningless; shapes, code paths, timings and memory are real. Existing
     files are reused.
     """
-    from ..data.imagenette import make_archive
-    from ..eval.inception import INCEPTION_FILE, InceptionV3
-    from ..models import DiT
-    from ..vae import random_vae
+    from dit_core.data.imagenette import make_archive
+    from dit_core.eval.inception import INCEPTION_FILE, InceptionV3
+    from dit_core.models import DiT
+    from dit_core.vae import random_vae
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ def standins(folder: str | os.PathLike, full_size: bool = False, workers: int = 
     if not (out["vae"] / "config.json").exists():
         random_vae("sd" if full_size else "tiny", seed=seed).save_pretrained(out["vae"])
     if not out["official"].exists():
-        from ..checkpoint import atomic_save
+        from dit_core.checkpoint import atomic_save
 
         torch.manual_seed(seed)
         size = dict(depth=28, hidden_size=1152, num_heads=16) if full_size else dict(depth=1, hidden_size=32, num_heads=2)
@@ -232,7 +232,7 @@ def standins(folder: str | os.PathLike, full_size: bool = False, workers: int = 
                 p.data.normal_(0, 0.02)
         atomic_save(model.state_dict(), out["official"])
     if not out["inception"].exists():
-        from ..atomic import atomic_write
+        from dit_core.atomic import atomic_write
 
         torch.manual_seed(seed)
         net = InceptionV3()
@@ -253,7 +253,7 @@ def gpu_data(data_dir: str | os.PathLike, archive=None, download: bool = False, 
     """The GPU track's dataset: Imagenette prepared in ``data_dir`` (from ``archive``, the cache, or a download
     when ``download``), or, when ``data_dir`` already holds an ImageFolder of yours (ImageNet, or any
     ``root/<class>/<image>``), that folder as it is."""
-    from ..data.imagenette import is_prepared, prepare_imagenette
+    from dit_core.data.imagenette import is_prepared, prepare_imagenette
 
     data_dir = Path(data_dir).expanduser()
     if is_prepared(data_dir) or (data_dir.is_dir() and any(p.is_dir() and not p.name.startswith(".")
@@ -276,7 +276,7 @@ def gpu_latents(data_dir, latents_dir, vae, image_size: int = 256, batch_size: i
     """Latents of ``data_dir`` (its ``train/`` split when it has one) in ``latents_dir``: extracted with ``vae``
     (a hub id, a folder, or a loaded VAE with its ``vae_name``) at ``image_size`` with both flips, resumed where an
     earlier run stopped, or reused when complete. Returns the manifest (``"seconds"``: the extraction's time)."""
-    from ..latents import extract_latents
+    from dit_core.latents import extract_latents
 
     vae = str(vae) if isinstance(vae, (str, os.PathLike)) else vae
     return extract_latents(data_dir, latents_dir, vae=vae, vae_name=vae_name, image_size=image_size,
@@ -288,8 +288,8 @@ def ensure_latents(data_dir, latents_dir, vae, *, archive=None, download: bool =
     """``latents_dir`` if it holds a finished extraction; else the data (:func:`gpu_data`) and the VAE
     (:func:`dit_core.downloads.vae`, downloaded only when ``download``) are fetched and the latents extracted, as
     chapters 01 and 02 do. For chapters that need the latents when the earlier ones did not run."""
-    from .. import downloads
-    from ..latents import MANIFEST
+    from dit_core import downloads
+    from dit_core.latents import MANIFEST
 
     latents_dir = Path(latents_dir)
     if (latents_dir / MANIFEST).is_file():
@@ -335,7 +335,7 @@ def planned_batch(model: str, gpu_memory_gib: float, precision: str, image_size:
                   global_batch: int = 256) -> dict:
     """Micro-batch, accumulation and checkpointed blocks that the memory planner picks for ``model`` on a card of
     ``gpu_memory_gib`` (:func:`dit_core.measure.memory.plan`), as trainer overrides."""
-    from ..measure.memory import ModelShape, plan
+    from dit_core.measure.memory import ModelShape, plan
 
     p = plan(ModelShape.from_name(model, image_size), gpu_memory_gib, global_batch, precision)
     if not p.fits:
@@ -354,7 +354,7 @@ def train_for(profile: str, overrides: dict, minutes: float | None = None, steps
     this again continues where the last call stopped. Returns ``start_step``, ``end_step``, ``seconds`` and the
     trainer's ``summaries``.
     """
-    from ..train import make_config, train
+    from dit_core.train import make_config, train
 
     train_fn = train_fn or train
     out = overrides["out"]
@@ -395,8 +395,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 def sample_uint8(model, diffusion, labels, *, chunk: int = 256, progress: bool = False, **generate_kwargs):
     """``generate`` over ``labels`` in chunks of ``chunk`` images, each converted to uint8 at once (so thousands of
     256 px samples never sit in memory as floats); returns ``(images N x H x W x C uint8, seconds)``."""
-    from ..runtime import synchronize
-    from ..sample import generate, to_uint8
+    from dit_core.runtime import synchronize
+    from dit_core.sample import generate, to_uint8
 
     labels = torch.as_tensor(labels).reshape(-1)
     seed = int(generate_kwargs.pop("seed", 0))
@@ -418,8 +418,8 @@ def sample_uint8(model, diffusion, labels, *, chunk: int = 256, progress: bool =
 def real_images(data_dir, split: str | None, image_size: int, limit: int | None = None, seed: int = 0) -> tuple:
     """``(uint8 N x H x W x 3, labels)``: images of ``data_dir``'s ``split`` with the ADM center crop at
     ``image_size``, not flipped; ``limit`` picks that many at random (fixed ``seed``), else all."""
-    from ..data import ImageFolderDataset
-    from ..sample import to_uint8
+    from dit_core.data import ImageFolderDataset
+    from dit_core.sample import to_uint8
 
     ds = ImageFolderDataset(data_dir, image_size, split=split, flip=False)
     order = np.arange(len(ds))

@@ -4,9 +4,9 @@ Each chapter's ``parameters`` cell defines ``SMOKE = False`` plus its cost knobs
 (tests/test_notebooks.py) inject ``SMOKE = True`` with papermill, and :func:`smoke_mode` lets a reader or a quick
 book build ask for the same tiny settings through the ``DIT_SMOKE`` environment variable.
 
-Command line: ``python -m dit_core.book strip-outputs book/*.ipynb`` clears outputs before a commit;
-``python -m dit_core.book add-box book/NN.ipynb`` adds a chapter's "Running this chapter" box, and
-``python -m dit_core.book timings record|intro|show`` keeps the chapters' run times (:mod:`.timings`).
+Command line: ``python -m dit_book strip-outputs book/*.ipynb`` clears outputs before a commit;
+``python -m dit_book add-box book/NN.ipynb`` adds a chapter's "Running this chapter" box, and
+``python -m dit_book timings record|intro|show`` keeps the chapters' run times (:mod:`.timings`).
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ def strip_outputs(path) -> bool:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m dit_core.book", description="Keep the chapter notebooks clean.")
+    parser = argparse.ArgumentParser(prog="python -m dit_book", description="Keep the chapter notebooks clean.")
     sub = parser.add_subparsers(dest="command", required=True)
     strip = sub.add_parser("strip-outputs", help="clear outputs of notebooks in place (before a commit)")
     strip.add_argument("notebooks", nargs="+", type=Path)
     box = sub.add_parser("add-box", help="insert the 'Running this chapter' box after a chapter's title")
     box.add_argument("notebooks", nargs="+", type=Path)
     sub.add_parser("timings", help="chapter run times (record a build's, rewrite the intro's table): "
-                                   "python -m dit_core.book timings --help", add_help=False)
+                                   "python -m dit_book timings --help", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "timings":
         from .timings import main as timings_main

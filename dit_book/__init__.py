@@ -2,22 +2,28 @@
 
 - :mod:`.source`: :func:`show_source`, the code that runs, rendered in a cell instead of copied into it;
 - :mod:`.notebooks`: :func:`smoke_mode` (tiny settings for tests and quick builds) and
-  ``python -m dit_core.book strip-outputs book/*.ipynb``;
+  ``python -m dit_book strip-outputs book/*.ipynb``;
 - :mod:`.bench_data`: offline JPEG folders and samples-per-second timings for the data chapters;
 - :mod:`.toy`: the exact denoiser of a finite data set, chapter 04's toy model;
 - :mod:`.figures`: figures drawn by code, such as chapter 03's DiT and its block (the paper's Figure 3);
 - :mod:`.timings`: :func:`chapter_box`, the "Running this chapter" box at the top of every chapter, from the run
-  times that ``make book`` records in ``book/_timings.json``.
+  times that ``make book`` records in ``book/_timings.json``;
+- :mod:`.records`: the profile table of the README and the introduction, from ``benchmarks/results``;
+- :mod:`.track`, :mod:`.gpu_box`: the GPU track's cells, and what they show on a build without a GPU;
+- :mod:`.exercises`: the checkers of the "implement it" exercises;
+- :mod:`.converging`, :mod:`.convergence`: the helpers and the study of chapter "Converging faster".
+
+Nothing in :mod:`dit_core` imports this package: the library trains, samples and measures without the book.
 
 :func:`set_threads` (a sensible number of CPU threads for torch) lives in :mod:`dit_core.runtime`, where the
 library's command lines use it too; the chapters import it from here.
 
 Example::
 
-    from dit_core.book import chapter_box, set_threads, show_source, smoke_mode
+    from dit_book import chapter_box, set_threads, show_source, smoke_mode
 """
 
-from ..runtime import set_threads
+from dit_core.runtime import set_threads
 from .notebooks import SMOKE_ENV, smoke_mode, strip_outputs
 from .source import Source, SourceView, show_source, source_of
 from .timings import chapter_box

@@ -7,7 +7,7 @@ it (latent shape, patch size, tokens, width, depth, heads, MLP width, output cha
 
 Example::
 
-    from dit_core.book.figures import dit_figure
+    from dit_book.figures import dit_figure
     from dit_core.measure.flops import meta_model
 
     fig = dit_figure(meta_model("DiT-XL/2"))     # built on the meta device: no memory

@@ -29,7 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_text
+from dit_core.atomic import atomic_write_text
 
 #: Every option of dit_core.train.objectives at its value in DiT's recipe: the baseline sets them explicitly,
 #: so that it stays DiT's recipe whatever a profile turns on.
@@ -94,18 +94,18 @@ def prepare_data(dataset: str, work: Path) -> str:
     when the committed records were measured (``dit-data shapes`` now writes upright ones by default)."""
     if DATASETS[dataset]["data"] == "digits":
         return "digits"
-    from ..data.shapes import generate_shapes
+    from dit_core.data.shapes import generate_shapes
 
     return str(generate_shapes(work / "data" / "shapes", rotation="any"))
 
 
 def judge_for(dataset: str, class_names, image_size: int, channels: int):
     """The dataset's judge (:mod:`dit_core.eval.classwise`)."""
-    from ..eval.classwise import digits_judge
+    from dit_core.eval.classwise import digits_judge
 
     if dataset == "digits":
         return digits_judge()
-    from ..eval.shapes import classifier
+    from dit_core.eval.shapes import classifier
 
     return classifier(class_names, image_size, "L" if channels == 1 else "RGB")
 
@@ -139,11 +139,11 @@ def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, ma
     """
     import torch
 
-    from ..diffusion import create_process
-    from ..eval.classwise import sample_and_score
-    from ..train import make_config, train
-    from ..train.config import read_profile
-    from ..checkpoint import load_dit
+    from dit_core.diffusion import create_process
+    from dit_core.eval.classwise import sample_and_score
+    from dit_core.train import make_config, train
+    from dit_core.train.config import read_profile
+    from dit_core.checkpoint import load_dit
 
     spec = DATASETS[dataset]
     work = Path(work)

@@ -11,7 +11,7 @@ with ``dit_core`` on random inputs and says which part differs.
 Each returns a one-line summary when everything matches and raises ``AssertionError`` naming the first check
 that failed (with torch's report of the largest difference) otherwise. Example::
 
-    from dit_core.book.exercises import check_guidance
+    from dit_book.exercises import check_guidance
 
     def my_guided(model, cfg_scale):
         ...
@@ -31,7 +31,7 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 def _small_dit(input_size: int, patch_size: int, channels: int, learn_sigma: bool, seed: int):
     """A small DiT with random (non-zero) adaLN and final layers, so that its outputs carry information."""
-    from ..models import DiT
+    from dit_core.models import DiT
 
     torch.manual_seed(seed)
     model = DiT(input_size=input_size, patch_size=patch_size, in_channels=channels, hidden_size=32, depth=2,
@@ -94,7 +94,7 @@ def check_ddim_step(ddim_step: Callable, *, steps: int = 50, seed: int = 0) -> s
     step), as Python floats. Compared with ``GaussianDiffusion.ddim_sample`` of ``create_diffusion("ddim50")``
     at every step, then over the whole loop against ``ddim_sample_loop``.
     """
-    from ..diffusion import create_diffusion
+    from dit_core.diffusion import create_diffusion
 
     process = create_diffusion(f"ddim{steps}", learn_sigma=False)
     model = _small_dit(8, 2, 4, learn_sigma=False, seed=seed)

@@ -4,14 +4,14 @@ Every study the project runs is one record there: a Markdown file (question, mac
 figures, the conclusion) and, where the figures are quoted elsewhere, a JSON file with them. The README and the
 introduction (``book/intro.md``) show one table of what each training profile gives: its hardware, its time or
 speed, one current result, and the record behind it. That table is generated here from the JSON records, as the
-chapter table's run times are generated from ``book/_timings.json`` (:mod:`dit_core.book.timings`), and a test
+chapter table's run times are generated from ``book/_timings.json`` (:mod:`dit_book.timings`), and a test
 (``tests/test_records.py``) checks that both files hold exactly what :func:`render_file` writes.
 
 * :func:`profile_rows` reads the records; a profile whose record is missing says "not measured yet".
 * :func:`render_table` writes the Markdown table: with links to the records in the README, with the records'
   paths in the book (whose build does not include ``benchmarks/``).
 * :func:`update` rewrites the table between the two markers of a file;
-  ``python -m dit_core.book.records`` does it for README.md and book/intro.md.
+  ``python -m dit_book.records`` does it for README.md and book/intro.md.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 README = REPO_ROOT / "README.md"
 INTRO = REPO_ROOT / "book" / "intro.md"
-BEGIN = "<!-- profile table: generated from benchmarks/results by `python -m dit_core.book.records` -->"
+BEGIN = "<!-- profile table: generated from benchmarks/results by `python -m dit_book.records` -->"
 END = "<!-- end of the profile table -->"
 
 #: The records every README, chapter and profile may name (one per study).
@@ -194,7 +194,7 @@ def update(path: str | os.PathLike, link_prefix: str | None, results: str | os.P
 def main(argv=None) -> int:
     import argparse
 
-    argparse.ArgumentParser(prog="python -m dit_core.book.records",
+    argparse.ArgumentParser(prog="python -m dit_book.records",
                             description="Rewrite the profile table of README.md and book/intro.md from the "
                                         "records in benchmarks/results.").parse_args(argv)
     for path, prefix in TARGETS.items():
