@@ -5,7 +5,6 @@ text file and a latent extraction; the folder is fsynced after the rename."""
 from __future__ import annotations
 
 import errno
-import io
 import os
 import stat
 

@@ -10,7 +10,6 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -42,8 +41,8 @@ def test_archive_has_imagenettes_layout(archive):
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert f"{imagenette.ARCHIVE_ROOT}/noisy_imagenette.csv" in names
-    assert f"imagenette2-320/train/n01440764/n01440764_1.JPEG" in names
-    assert f"imagenette2-320/val/n03888257/ILSVRC2012_val_00000020.JPEG" in names
+    assert "imagenette2-320/train/n01440764/n01440764_1.JPEG" in names
+    assert "imagenette2-320/val/n03888257/ILSVRC2012_val_00000020.JPEG" in names
     assert sum(n.endswith(".JPEG") for n in names) == 10 * (3 + 2)
 
 

@@ -189,7 +189,7 @@ def test_forward_with_cfg(channels):
     torch.testing.assert_close(out[:2, k:], cond[:, k:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[2:, k:], uncond[:, k:], rtol=1e-5, atol=1e-5)
     if channels == 3:  # the official quirk: the 4th noise channel is not guided
-        assert not torch.allclose(out[:2, 3], guided_all := (uncond + 4.0 * (cond - uncond))[:, 3])
+        assert not torch.allclose(out[:2, 3], (uncond + 4.0 * (cond - uncond))[:, 3])
 
 
 def test_cfg_rejects_bad_input():

@@ -86,7 +86,7 @@ def test_euler_is_ddim_and_ddpm_samplers_are_refused():
     x = torch.randn(4, 2)
     seen = []
     out = sample_flow(velocity, x.clone(), sampler="ddim", steps=4, callback=seen.append)
-    y, flow = x.clone(), LinearInterpolant()
+    y = x.clone()
     for t, s in zip([1.0, 0.75, 0.5, 0.25], [0.75, 0.5, 0.25, 0.0]):
         tt = torch.full((4,), t)
         v = velocity(y, tt)

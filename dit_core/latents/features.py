@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import atomic_write
 from .store import read_manifest, sha256_file, write_json
 
 FORMAT = "dit-teacher-features"

@@ -216,7 +216,7 @@ def preflight(cfg: TrainConfig, facts: DatasetFacts, *, budgeted: bool = False) 
              f"the sample grids use classifier-free guidance (sample_cfg_scale {cfg.sample_cfg_scale:g}), "
              f"but class_dropout_prob 0 never trains the null class it needs: guided samples mix in an "
              f"untrained label embedding.",
-             f"--class-dropout-prob 0.1 (DiT's), or --sample-cfg-scale 1 for unguided grids.")
+             "--class-dropout-prob 0.1 (DiT's), or --sample-cfg-scale 1 for unguided grids.")
 
     # -- shapes: the patch size must divide the model's input ------------------------------------------------
     p = _patch_size(cfg)
