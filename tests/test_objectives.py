@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dit_core.alignment import TrainingHeads, TrainingModel, patchify
-from dit_core.diffusion import create_diffusion, create_process
-from dit_core.diffusion.flow import FLOW_SAMPLERS, LinearInterpolant, flow_sampler_name, sample_flow
+from dit_core.diffusion import SAMPLERS, create_diffusion, create_process, sampler_objective
+from dit_core.diffusion.flow import FLOW_SAMPLERS, LinearInterpolant, sample_flow
 from dit_core.models import DiT
 from dit_core.teachers import DinoV2, dinov2_config, load_dinov2, TeacherNotFoundError, token_features
 from dit_core.train.objectives import (ObjectiveOptions, alignment_loss, ddpm_steps, kept_tokens,
@@ -85,7 +85,8 @@ def test_euler_is_ddim_and_ddpm_samplers_are_refused():
     velocity = lambda x, t: 0.3 * x + 0.1  # noqa: E731 - any velocity
     x = torch.randn(4, 2)
     seen = []
-    out = sample_flow(velocity, x.clone(), sampler="ddim", steps=4, callback=seen.append)
+    assert sampler_objective("ddim", "flow") == "euler"
+    out = sample_flow(velocity, x.clone(), sampler="euler", steps=4, callback=seen.append)
     y = x.clone()
     for t, s in zip([1.0, 0.75, 0.5, 0.25], [0.75, 0.5, 0.25, 0.0]):
         tt = torch.full((4,), t)
@@ -93,10 +94,12 @@ def test_euler_is_ddim_and_ddpm_samplers_are_refused():
         y = (1 - s) * (y - t * v) + s * (y + (1 - t) * v)  # x_0 and eps from v, re-noised to s
     torch.testing.assert_close(out, y)
     assert [i["t"] for i in seen] == [0.75, 0.5, 0.25, 0.0]
-    assert flow_sampler_name("sde") == "euler-maruyama" and set(FLOW_SAMPLERS) == {"euler", "heun", "euler-maruyama"}
+    assert set(FLOW_SAMPLERS) == {name for name, (kind, _) in SAMPLERS.items() if kind == "flow"}
     for name in ("ddpm", "dpm-solver++"):
-        with pytest.raises(ValueError, match="objective 'flow'.*velocity.*euler, heun, euler-maruyama"):
-            flow_sampler_name(name)
+        with pytest.raises(ValueError, match="objective 'flow': use one of ddim, euler, heun, euler-maruyama"):
+            sampler_objective(name, "flow")
+        with pytest.raises(ValueError, match="not a sampler of the linear interpolant.*euler, heun"):
+            sample_flow(velocity, x, sampler=name)
     with pytest.raises(ValueError, match="learn_sigma=False"):
         create_process("flow", learn_sigma=True)
     assert isinstance(create_process("flow", learn_sigma=False), LinearInterpolant)

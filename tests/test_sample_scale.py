@@ -87,7 +87,7 @@ def test_a_model_on_another_device_is_sampled_through_a_temporary_copy(monkeypat
         copies.append((m is model, torch.device(device), dtype))
         return real_copy(m, device, dtype)
 
-    monkeypatch.setattr(samplers, "_model_device", lambda m: torch.device("meta"))
+    monkeypatch.setattr(samplers, "model_device", lambda m: torch.device("meta"))
     monkeypatch.setattr(samplers, "sampling_copy", spy)
     out = generate(model, None, [4, 5], sampler="ddim", steps=3, cfg_scale=1.5, seed=3, device="cpu")
     assert copies == [(True, torch.device("cpu"), None)]
@@ -113,7 +113,7 @@ def test_trainer_grid_leaves_a_cpu_ema_on_the_cpu_and_unchanged(tmp_path, monkey
     # The training device is another one than the EMA's (a GPU; here the EMA pretends to live elsewhere): the
     # grid samples a temporary copy in the training precision, and the EMA stays as it was.
     copies, real_copy = [], samplers.sampling_copy
-    monkeypatch.setattr(samplers, "_model_device", lambda m: torch.device("meta"))
+    monkeypatch.setattr(samplers, "model_device", lambda m: torch.device("meta"))
     monkeypatch.setattr(samplers, "sampling_copy", lambda m, d, t=None: copies.append((m is ema, t)) or real_copy(m, d, t))
     bf16 = make_config(None, dict(out=str(tmp_path), sample_steps=3, sample_per_class=2, sample_classes=[0, 1, 2],
                                   mixed_precision="bf16", ema_device="cpu"))

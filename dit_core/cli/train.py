@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dit_core.train.config import ConfigError, TrainConfig, _types, canonical, help_text, make_config, profiles
+from dit_core.train.config import ConfigError, TrainConfig, canonical, field_types, help_text, make_config, profiles
 
 USAGE = "usage: dit-train [--config PROFILE_OR_YAML] [--out DIR] [--key value ...]"
 
@@ -56,7 +56,7 @@ def parse_args(argv: list[str]) -> tuple[str | None, dict]:
             continue
         name = canonical(key)
         if value is None:
-            if bool not in _types(name):
+            if bool not in field_types(name):
                 raise ConfigError(f"--{key} needs a value")
             value = "true"
         overrides[name] = value

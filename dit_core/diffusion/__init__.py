@@ -17,7 +17,7 @@ Modules: :mod:`.schedule` (betas), :mod:`.gaussian` (the process, losses, sample
 velocity prediction, ``objective: flow``, and its ODE/SDE samplers; :func:`create_process` picks one of the two).
 """
 
-from .flow import FLOW_ALIASES, LinearInterpolant
+from .flow import LinearInterpolant
 from .gaussian import GaussianDiffusion, LossType, ModelMeanType, ModelVarType
 from .respace import SpacedDiffusion, space_timesteps
 from .schedule import get_named_beta_schedule
@@ -41,7 +41,7 @@ __all__ = [
 #: Every sampler, the one registry the config, ``dit-sample`` and :func:`dit_core.sample.generate` read: the
 #: objective whose models it samples (``ddpm``: DiT's Gaussian diffusion, :mod:`.gaussian`; ``flow``: the linear
 #: interpolant, :mod:`.flow`) and its number of steps when none is given (``None``: all of the diffusion's).
-#: ``ddim`` samples a flow model too, as Euler (:data:`.flow.FLOW_ALIASES`).
+#: ``ddim`` samples a flow model too, as Euler (one Euler step of the interpolant is a DDIM step).
 SAMPLERS = {
     "ddpm": ("ddpm", None),
     "ddim": ("ddpm", 50),
@@ -57,11 +57,11 @@ def sampler_objective(sampler: str, objective: str) -> str:
     the sampler goes by for that objective (``ddim`` of a flow model is ``euler``)."""
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}: choose one of {', '.join(SAMPLERS)}")
-    if objective == "flow" and sampler in FLOW_ALIASES:
-        return FLOW_ALIASES[sampler]
+    if objective == "flow" and sampler == "ddim":
+        return "euler"
     if SAMPLERS[sampler][0] != objective:
         fits = [name for name, (kind, _) in SAMPLERS.items()
-                if kind == objective or (objective == "flow" and name in FLOW_ALIASES)]
+                if kind == objective or (objective == "flow" and name == "ddim")]
         raise ValueError(f"sampler {sampler!r} does not sample a model trained with objective {objective!r}: use one "
                          f"of {', '.join(fits)}")
     return sampler

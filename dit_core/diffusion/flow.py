@@ -33,22 +33,9 @@ import torch
 
 from .losses import mean_flat
 
-#: Flow samplers, and the other names accepted for them.
+#: The samplers of the linear interpolant (:data:`dit_core.diffusion.SAMPLERS` gives their default steps, and
+#: maps ``ddim`` of a flow model to ``euler``).
 FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")
-FLOW_ALIASES = {"ddim": "euler", "sde": "euler-maruyama", "ode": "euler"}
-
-
-def flow_sampler_name(name: str) -> str:
-    """The flow sampler called ``name`` (``ddim`` is Euler, see the module docstring); a clear error for the
-    DDPM-family samplers, which an interpolant model cannot use."""
-    key = str(name).lower()
-    key = FLOW_ALIASES.get(key, key)
-    if key not in FLOW_SAMPLERS:
-        raise ValueError(
-            f"sampler {name!r} is not a sampler of the linear interpolant: this model was trained with objective "
-            f"'flow' (it predicts a velocity, not noise); use one of {', '.join(FLOW_SAMPLERS)} (ddim = euler)"
-        )
-    return key
 
 
 def _bcast(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -119,7 +106,9 @@ def sample_flow(velocity, x: torch.Tensor, *, sampler: str = "euler", steps: int
     after every interval with ``step``, ``num_steps``, ``t`` (the time reached), ``x`` and ``x0`` (the predicted
     sample); ``tick()`` after every interval (a progress bar).
     """
-    sampler = flow_sampler_name(sampler)
+    if sampler not in FLOW_SAMPLERS:
+        raise ValueError(f"sampler {sampler!r} is not a sampler of the linear interpolant: use one of "
+                         f"{', '.join(FLOW_SAMPLERS)}")
     grid = time_grid(steps)
     n = len(grid) - 1
     if noise is None:

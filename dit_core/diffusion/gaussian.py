@@ -28,17 +28,17 @@ from .losses import discretized_gaussian_log_likelihood, mean_flat, normal_kl
 
 
 class ModelMeanType(enum.Enum):
-    """What the network's first C output channels predict."""
+    """What the network's first C output channels predict (the official code's third choice, the mean of
+    x_{t-1}, cannot be asked for through ``create_diffusion`` and is left out)."""
 
-    PREVIOUS_X = enum.auto()  # the mean of x_{t-1} directly
     START_X = enum.auto()  # the clean sample x_0
     EPSILON = enum.auto()  # the noise eps (DDPM eq. 11-14; DiT's choice)
 
 
 class ModelVarType(enum.Enum):
-    """How the reverse-process variance Sigma_theta is chosen."""
+    """How the reverse-process variance Sigma_theta is chosen (as with :class:`ModelMeanType`, only the choices
+    ``create_diffusion`` reaches)."""
 
-    LEARNED = enum.auto()  # the network outputs log-variance directly
     FIXED_SMALL = enum.auto()  # beta_tilde_t, the posterior variance (DDPM Sec. 3.2)
     FIXED_LARGE = enum.auto()  # beta_t (DDPM Sec. 3.2)
     LEARNED_RANGE = enum.auto()  # interpolate log beta_t and log beta_tilde_t (Improved DDPM eq. 15; DiT)
@@ -90,7 +90,6 @@ def schedule_arrays(betas) -> dict[str, np.ndarray]:
         # q(x_t | x_0) (DDPM eq. 4), and turning a noise prediction into an x_0 prediction
         "sqrt_alpha_bar": np.sqrt(alpha_bar),
         "sqrt_one_minus_alpha_bar": np.sqrt(1.0 - alpha_bar),
-        "log_one_minus_alpha_bar": np.log(1.0 - alpha_bar),
         "sqrt_recip_alpha_bar": np.sqrt(1.0 / alpha_bar),
         "sqrt_recipm1_alpha_bar": np.sqrt(1.0 / alpha_bar - 1),
         # the posterior q(x_{t-1} | x_t, x_0) (DDPM eqs. 6-7)
@@ -208,19 +207,7 @@ class GaussianDiffusion:
         """The inverse of :meth:`_x0_from_eps`."""
         return (self._at("sqrt_recip_alpha_bar", t, x_t) * x_t - x0) / self._at("sqrt_recipm1_alpha_bar", t, x_t)
 
-    def _x0_from_mean(self, x_t, t, mean):
-        """Solve mu_tilde_t = coef_x0 x_0 + coef_xt x_t (DDPM eq. 7) for x_0, given the mean of x_{t-1}."""
-        return (mean - self._at("posterior_coef_xt", t, x_t) * x_t) / self._at("posterior_coef_x0", t, x_t)
-
     # ------------------------------------------------------------------ forward process
-
-    def q_mean_variance(self, x_start, t):
-        """Mean, variance and log-variance of q(x_t | x_0) (DDPM eq. 4)."""
-        self._check_timesteps(t, x_start)
-        mean = self._at("sqrt_alpha_bar", t, x_start) * x_start
-        variance = _full(self._at("one_minus_alpha_bar", t, x_start), x_start)
-        log_variance = _full(self._at("log_one_minus_alpha_bar", t, x_start), x_start)
-        return mean, variance, log_variance
 
     def q_sample(self, x_start, t, noise=None):
         """Draw x_t ~ q(x_t | x_0): x_t = sqrt(alpha_bar_t) x_0 + sqrt(1 - alpha_bar_t) eps (DDPM eq. 4)."""
@@ -251,16 +238,14 @@ class GaussianDiffusion:
     def _split_output(self, output, x):
         """The network's output as ``(prediction, variance values)``; the second is None for a fixed variance."""
         C = x.shape[1]
-        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
+        if self.model_var_type == ModelVarType.LEARNED_RANGE:
             _check_model_output(output, x, 2 * C, "learned variance (learn_sigma=True)")
             return torch.split(output, C, dim=1)
         _check_model_output(output, x, C, "a fixed variance (learn_sigma=False)")
         return output, None
 
     def _reverse_log_variance(self, var_values, x, t):
-        """log Sigma_theta of p(x_{t-1} | x_t): learned, interpolated, or one of the two fixed choices."""
-        if self.model_var_type == ModelVarType.LEARNED:
-            return var_values
+        """log Sigma_theta of p(x_{t-1} | x_t): interpolated by the network, or one of the two fixed choices."""
         if self.model_var_type == ModelVarType.LEARNED_RANGE:
             # Improved DDPM eq. 15: Sigma = exp(v log beta_t + (1 - v) log beta_tilde_t) with the network's
             # output mapped from [-1, 1] to v in [0, 1].
@@ -302,15 +287,10 @@ class GaussianDiffusion:
                 x0 = denoised_fn(x0)
             return x0.clamp(-1, 1) if clip_denoised else x0
 
-        if self.model_mean_type == ModelMeanType.PREVIOUS_X:
-            x0, mean = finish(self._x0_from_mean(x, t, prediction)), prediction
-        else:
-            predicts_x0 = self.model_mean_type == ModelMeanType.START_X
-            x0 = finish(prediction if predicts_x0 else self._x0_from_eps(x, t, prediction))
-            # The mean of p is the posterior mean with the predicted x_0 plugged in (DDPM eq. 7 / 11).
-            if x0.shape != x.shape:
-                raise ValueError(f"x_start {tuple(x0.shape)} and x_t {tuple(x.shape)} must have the same shape.")
-            mean = self._posterior_mean(x0, x, t)
+        predicts_x0 = self.model_mean_type == ModelMeanType.START_X
+        x0 = finish(prediction if predicts_x0 else self._x0_from_eps(x, t, prediction))
+        # The mean of p is the posterior mean with the predicted x_0 plugged in (DDPM eq. 7 / 11).
+        mean = self._posterior_mean(x0, x, t)
         return {"mean": mean, "variance": variance, "log_variance": log_variance, "pred_xstart": x0}
 
     # ------------------------------------------------------------------ ancestral (DDPM) sampling
@@ -481,12 +461,7 @@ class GaussianDiffusion:
             if self.loss_type == LossType.RESCALED_MSE:
                 # L_vlb is a sum over T terms, L_simple a mean: keep their balance when T != 1000.
                 terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
-        if self.model_mean_type == ModelMeanType.EPSILON:
-            target = noise
-        elif self.model_mean_type == ModelMeanType.START_X:
-            target = x_start
-        else:
-            target = self.q_posterior_mean_variance(x_start, x_t, t)[0]
+        target = x_start if self.model_mean_type == ModelMeanType.START_X else noise
         terms["mse"] = reduce((target - prediction) ** 2)
         terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
         return terms

@@ -27,7 +27,7 @@
 * **the caller's model is left alone.** :func:`generate` never moves, casts or re-modes the model it is given:
   a model in train mode is put in eval mode for the call and back afterwards, and a model that lives on another
   device than ``device`` (the EMA that the 12 GB profile keeps on the CPU, sampled on the GPU for a grid) is
-  sampled through a temporary copy on ``device`` (:func:`sampling_copy`), freed when the call returns. The copy
+  sampled through a temporary copy on ``device`` (:func:`.placement.sampling_copy`), freed when the call returns. The copy
   is made one tensor at a time (no second CPU copy) in the autocast precision when there is one: 2 bytes a
   parameter with bf16, 1.35 GB for DiT-XL/2's 675 M parameters (fp32: 2.7 GB) on top of what training holds.
 * **no null class, no guidance.** A model trained with ``class_dropout_prob: 0`` has no null-class row in its
@@ -38,17 +38,16 @@ The images go to files through :mod:`.files`.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
 
-import numpy as np
 import torch
 
 from ..diffusion import SAMPLERS, SpacedDiffusion, create_diffusion, sampler_objective, space_timesteps
 from ..diffusion.flow import sample_flow
 from ..runtime import DTYPES, autocast, resolve_precision
 from ..vae import decode_latents
+from .dpm import run_dpm, training_steps
+from .placement import eval_mode, model_device, sampling_copy
 
 
 
@@ -57,12 +56,8 @@ from ..vae import decode_latents
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _training_steps(diffusion) -> int:
-    return getattr(diffusion, "original_num_steps", diffusion.num_timesteps)
-
-
 def _rebuild(diffusion, use_timesteps) -> SpacedDiffusion:
-    full = _training_steps(diffusion)
+    full = training_steps(diffusion)
     if diffusion.num_timesteps != full:
         raise ValueError(
             f"pass the training diffusion (all {full} steps, create_diffusion('')) when asking for a step count; "
@@ -79,12 +74,12 @@ def respaced(diffusion, steps: int | str | None):
     included: the official ``"250"``); a string is any :func:`space_timesteps` spec; ``None`` keeps it."""
     if steps is None:
         return diffusion
-    return _rebuild(diffusion, space_timesteps(_training_steps(diffusion), str(steps)))
+    return _rebuild(diffusion, space_timesteps(training_steps(diffusion), str(steps)))
 
 
 def ddim_timesteps(num_train_steps: int, steps: int) -> list[int]:
     """``0, k, 2k, ... (steps - 1) k`` with ``k = T // steps``: diffusers' DDIM "leading" spacing, which is the
-    official ``"ddimN"`` whenever that exists (25 -> 0, 40, ..., 960), and exists for every step count."""
+    official ``"ddimN"`` when ``steps`` divides T (25 -> 0, 40, ..., 960), and exists for every step count."""
     steps = int(steps)
     if not 1 <= steps <= num_train_steps:
         raise ValueError(f"DDIM needs 1..{num_train_steps} steps, got {steps}")
@@ -182,82 +177,6 @@ def _run_flow(process, model_fn, x, y, gens, *, sampler: str, steps: int, amp, d
                        callback=callback, tick=tick)
 
 
-def dpm_solver_scheduler(diffusion, steps: int, clip_denoised: bool):
-    """diffusers' DPM-Solver++ (2nd order, multistep) on this diffusion's betas; ``clip_denoised`` clips the
-    predicted x_0 to [-1, 1] (its thresholding with a maximum of 1 is exactly that)."""
-    from diffusers import DPMSolverMultistepScheduler
-
-    scheduler = DPMSolverMultistepScheduler(
-        num_train_timesteps=_training_steps(diffusion), trained_betas=np.asarray(diffusion.betas, np.float64),
-        algorithm_type="dpmsolver++", solver_order=2, prediction_type="epsilon", lower_order_final=True,
-        timestep_spacing="linspace", thresholding=bool(clip_denoised), sample_max_value=1.0,
-    )
-    scheduler.set_timesteps(int(steps))
-    return scheduler
-
-
-def _run_dpm(diffusion, model_fn, x, y, *, steps: int, clip_denoised: bool, amp, device, tick, callback):
-    if diffusion.num_timesteps != _training_steps(diffusion):
-        raise ValueError("pass the training diffusion (create_diffusion('')) to the dpm-solver++ sampler")
-    scheduler = dpm_solver_scheduler(diffusion, steps, clip_denoised)
-    channels = x.shape[1]
-    for k, t in enumerate(scheduler.timesteps):
-        tt = torch.full((len(x),), int(t), dtype=torch.long, device=device)
-        with autocast(device, amp):
-            eps = model_fn(x, tt, y)[:, :channels].float()
-        x = scheduler.step(eps, t, x).prev_sample
-        tick()
-        if callback is not None:
-            callback(dict(step=k, num_steps=len(scheduler.timesteps), t=int(t), x=x, x0=None))
-    return x
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The caller's model stays as it is
-# ----------------------------------------------------------------------------------------------------------
-
-
-def sampling_copy(model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype | None = None):
-    """A frozen eval-mode copy of ``model`` on ``device`` (floating tensors cast to ``dtype`` when given).
-
-    The parameters and buffers are moved one at a time straight to ``device``, so no second copy of the weights
-    is ever made where the model lives (a CPU EMA of DiT-XL/2 is 2.7 GB); ``model`` itself is not touched.
-    """
-    device = torch.device(device)
-
-    def moved(t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        return t.to(device=device, dtype=dtype) if dtype is not None and t.is_floating_point() else t.to(device)
-
-    memo: dict = {}
-    for p in model.parameters():
-        memo[id(p)] = torch.nn.Parameter(moved(p), requires_grad=False)
-    for b in model.buffers():
-        memo[id(b)] = moved(b)
-    clone = copy.deepcopy(model, memo)
-    return clone.eval()
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module):
-    """``model`` in eval mode inside the block, each module back in its own mode afterwards."""
-    modes = [(m, m.training) for m in model.modules()]
-    if not any(training for _, training in modes):
-        yield model
-        return
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-def _model_device(model) -> torch.device:
-    first = next(model.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # generate
 # ----------------------------------------------------------------------------------------------------------
@@ -324,7 +243,7 @@ def generate(
     if num_classes and ((labels < 0) | (labels >= num_classes)).any():
         bad = sorted(set(labels[(labels < 0) | (labels >= num_classes)].tolist()))
         raise ValueError(f"labels must lie in 0..{num_classes - 1} for this model, got {bad[:10]}")
-    here = _model_device(model)
+    here = model_device(model)
     device = torch.device(device) if device is not None else here
     if device.type == here.type and device.index is None:  # "cuda" is the model's GPU when it is on one
         device = here
@@ -342,7 +261,7 @@ def generate(
         # the copy is referenced by _generate's frame only: freed when it returns (its GPU memory goes back
         # to PyTorch's allocator, for the training to reuse)
         return _generate(sampling_copy(model, device, copy_dtype), diffusion, labels, **args)
-    with _eval_mode(model):
+    with eval_mode(model):
         return _generate(model, diffusion, labels, **args)
 
 
@@ -359,7 +278,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, devi
     if sampler == "ddpm":
         spaced = respaced(diffusion, steps)
     elif sampler == "ddim":
-        spaced = _rebuild(diffusion, ddim_timesteps(_training_steps(diffusion), int(steps)))
+        spaced = _rebuild(diffusion, ddim_timesteps(training_steps(diffusion), int(steps)))
     else:
         spaced = diffusion
     num_steps = spaced.num_timesteps if sampler in ("ddpm", "ddim") else int(steps)
@@ -386,7 +305,7 @@ def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, devi
                 x = _run_flow(diffusion, model_fn, x, y, gens, sampler=sampler, steps=int(steps), amp=amp, device=device,
                               tick=tick, callback=batch_callback)
             elif sampler == "dpm-solver++":
-                x = _run_dpm(diffusion, model_fn, x, y, steps=int(steps), clip_denoised=clip_denoised, amp=amp,
+                x = run_dpm(diffusion, model_fn, x, y, steps=int(steps), clip_denoised=clip_denoised, amp=amp,
                              device=device, tick=tick, callback=batch_callback)
             else:
                 x = _run_gaussian(spaced, model_fn, x, y, gens, ddim=sampler == "ddim", eta=eta,

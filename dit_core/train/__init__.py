@@ -1,6 +1,7 @@
 """Training DiT on one GPU (and beyond): the loop, its configuration, checkpoints and exact resume.
 
-- :mod:`.config`       the plain-data :class:`TrainConfig`, profiles (``dit_core/configs/*.yaml``), aliases
+- :mod:`.config`       the plain-data :class:`TrainConfig`, profiles (``dit_core/configs/*.yaml``), validation
+- :mod:`.spelling`     keys and values as users write them: aliases of the official code, text to typed values
 - :mod:`.loop`         :func:`train`, the loop itself, read top to bottom
 - :mod:`.step`         the training step (micro-batches, loss, backward, the checked update), also what
                        ``dit-bench`` times

@@ -6,9 +6,8 @@ no weight decay, global batch 256, EMA 0.9999, label dropout 0.1, linear schedul
 changes any of them again. The resolved record is written to ``<out>/config.yaml`` and into every checkpoint.
 
 Names follow this library, with hyphens and underscores alike; the spellings of the official ``train.py`` and
-of the single-GPU tutorials are accepted too (:data:`ALIASES`). Values are read by the fields' types (a field
-typed with ``Literal`` takes one of its choices). An unknown name is an error that suggests the nearest known
-ones.
+of the single-GPU tutorials are accepted too, values are read by the fields' types, and an unknown name is an
+error that suggests the nearest known ones (:mod:`dit_core.train.spelling`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Literal
 import yaml
 
 from ..atomic import atomic_write_text
+from .spelling import ALIASES, ConfigError, canonical_key, hint_types, read_value
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -160,117 +159,23 @@ class TrainConfig:
     debug: bool = _f(False, "5 steps of the configured micro-batch on a small subset, to check a setup")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Other spellings, and values read by the fields' types
-# ----------------------------------------------------------------------------------------------------------
-
-#: The names users bring: the official ``train.py``'s flags and the single-GPU tutorials' flags and YAML keys.
-ALIASES = {
-    "global_batch_size": "batch_size", "results_dir": "out", "global_seed": "seed",  # official train.py
-    "gradient_accumulation_steps": "grad_accum", "gradient_accumulation": "grad_accum",  # the tutorials
-    "use_checkpoint": "grad_checkpointing", "base_lr": "lr", "ema_rate": "ema_decay",
-}
-
-#: Flags of the official code and the tutorials with no meaning here, and what to use instead.
-REPLACED = {
-    "epochs": "this trainer counts optimizer steps: use --max-steps",
-    "num_classes": "the class count comes from the dataset (its class folders); use --class-cond false to "
-                   "train unconditionally",
-    "single_gpu": "dit-train runs one process unless torchrun starts several; drop the flag",
-    "dropout": "DiT has no dropout layers; the label dropout of classifier-free guidance is --class-dropout-prob",
-    "feature_path": "pre-extracted latents are --latents-path here (a dit-extract-latents folder)",
-}
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used, with the fix in the message."""
-
-
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def canonical(key: str) -> str:
-    """Map a user spelling (``--data-path``, ``gradient_accumulation_steps``) to the field name, or raise a
-    :class:`ConfigError` that names the nearest known keys."""
-    name = ALIASES.get(key.lstrip("-").replace("-", "_").strip(), key.lstrip("-").replace("-", "_").strip())
-    if name in field_names():
-        return name
-    if name in REPLACED:
-        raise ConfigError(f"unknown config key {key!r}: {REPLACED[name]}")
-    close = difflib.get_close_matches(name, field_names() + list(ALIASES), n=3, cutoff=0.6)
-    if not close:  # a long key that contains a known one, e.g. "ema_decay_rate"
-        close = [c for c in field_names() if c in name or name in c][:3]
-    hint = f"; did you mean {' or '.join('--' + c.replace('_', '-') for c in close)}?" if close else ""
-    raise ConfigError(f"unknown config key {key!r}{hint} (dit-train --help lists every key)")
+    """The field a user's spelling of a key names (:func:`dit_core.train.spelling.canonical_key`)."""
+    return canonical_key(key, field_names())
 
 
-def _types(name: str) -> tuple:
-    """The types a field takes: the members of a union, or the one type (a ``Literal`` stays itself)."""
-    hint = typing.get_type_hints(TrainConfig)[name]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return tuple(typing.get_args(hint))
-    return (hint,) if typing.get_origin(hint) is Literal else (typing.get_origin(hint) or hint,)
-
-
-_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-
-
-def _scalar(v):
-    """A list item: text becomes an int or a float where it reads as one; other values stay as they are."""
-    if isinstance(v, str):
-        for cast in (int, float):
-            try:
-                return cast(v)
-            except ValueError:
-                pass
-    return v
-
-
-def _as(kind, value):
-    """``value`` as ``kind`` (a type, or a ``Literal`` of choices); ValueError when it is not one."""
-    text = value.strip() if isinstance(value, str) else None
-    if typing.get_origin(kind) is Literal:
-        if str(value).strip().lower() not in typing.get_args(kind):
-            raise ValueError
-        return str(value).strip().lower()
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if text is not None and text.lower() in _WORDS:
-            return _WORDS[text.lower()]
-        raise ValueError
-    if isinstance(value, bool):  # True is an int in Python, but not a number of steps
-        raise ValueError
-    if kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        return int(text.replace("_", "")) if text is not None else int(value)
-    if kind is float:
-        return float(value)
-    if kind is list:
-        items = value if isinstance(value, (list, tuple)) else text.strip("[]").replace(",", " ").split()
-        return [_scalar(v) for v in items]
-    if kind is str and isinstance(value, (str, int, float, os.PathLike)):
-        return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-    raise ValueError
+def field_types(name: str) -> tuple:
+    """The types field ``name`` takes (the members of its union, or its one type)."""
+    return hint_types(typing.get_type_hints(TrainConfig)[name])
 
 
 def coerce(name: str, value):
-    """Turn ``value`` (a string from the command line, or a YAML value) into the type of field ``name``."""
-    kinds = _types(name)
-    if type(None) in kinds and (value is None or str(value).strip().lower() in ("none", "null", "~", "")):
-        return None
-    for kind in kinds:
-        try:
-            return _as(kind, value)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue
-    choices = [c for k in kinds if typing.get_origin(k) is Literal for c in typing.get_args(k)]
-    if choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    names = sorted({k.__name__ if k is not type(None) else "none" for k in kinds})
-    raise ConfigError(f"config key {name!r} takes {' or '.join(names)}, got {value!r}")
+    """``value`` (command-line text or a YAML value) read as the type of field ``name``."""
+    return read_value(name, typing.get_type_hints(TrainConfig)[name], value)
 
 
 # ----------------------------------------------------------------------------------------------------------

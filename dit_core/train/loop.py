@@ -23,14 +23,12 @@ each is a few lines long.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_write_text
 from ..diffusion import create_process
 from ..models import DiT, model_kwargs
 from ..runtime import compiler_missing, cpu_bf16_speedup, cpu_has_fast_bf16, resolve_precision, set_tf32
@@ -41,7 +39,7 @@ from .config import MODEL_SIZE_KEYS, ConfigError, TrainConfig, save_yaml, to_dic
 from .ema import create_ema
 from .grids import sample_grid
 from .guard import TrainingDiverged
-from .monitor import Monitor, format_summary, peak_memory_gb
+from .monitor import Monitor, write_summary
 from .objectives import build_objective
 from .optimizer import make_optimizer
 from .preempt import StopSignals, ignore_stop_signals
@@ -324,39 +322,13 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                           + (f"step {saved.step} ({out / 'checkpoints' / 'last.pt'})" if saved.step else "none"),
                           flush=True)
                 distributed.cleanup(procs)
-    return finish(cfg, out, procs, stepper, monitor, step, start_step, loss_value, t_start, t_loop, precision,
-                  ckpt_path, last_grid, stopped)
-
-
-def finish(cfg, out, procs, stepper, monitor, step, start_step, loss_value, t_start, t_loop, precision, ckpt_path,
-           last_grid, stopped) -> dict:
-    """The end-of-run summary (``<out>/summary.json``, printed), and how to continue a stopped run."""
-    train_seconds = time.perf_counter() - t_loop
-    steps_done = step - start_step
-    summary = {
-        "steps": step,
-        "steps_this_run": steps_done,
-        "final_loss": (monitor.last_record or {}).get("loss", loss_value),  # the last logged average
-        "skipped_steps": stepper.guard.skipped,
-        "wall_seconds": time.perf_counter() - t_start,
-        "train_seconds": train_seconds,
-        "images_per_s": steps_done * cfg.batch_size / train_seconds if steps_done else 0.0,
-        "precision": precision,
-        "device": str(procs.device),
-        "threads": torch.get_num_threads(),  # torch's CPU threads (the config's threads, if set)
-        "processes": procs.world_size,
-        "peak_memory_gb": peak_memory_gb(procs.device),
-        "checkpoint": str(out / "checkpoints" / "last.pt"),
-        "samples": str(last_grid) if last_grid else None,
-        "resumed_from": str(ckpt_path) if ckpt_path else None,
-        "interrupted": stopped,
-    }
-    if procs.is_main:
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        print(format_summary(summary), flush=True)
-        if stopped is not None:
-            print(f"\nstopped by {stopped} after step {step} of {cfg.max_steps}: checkpoint saved to "
-                  f"{out / 'checkpoints' / 'last.pt'}.\nContinue with: dit-train --config {out / 'config.yaml'} "
-                  "--resume true", flush=True)
+    summary = dict(steps=step, steps_this_run=step - start_step,
+                   final_loss=(monitor.last_record or {}).get("loss", loss_value),  # the last logged average
+                   skipped_steps=stepper.guard.skipped, wall_seconds=time.perf_counter() - t_start,
+                   train_seconds=time.perf_counter() - t_loop, precision=precision, processes=procs.world_size,
+                   checkpoint=str(out / "checkpoints" / "last.pt"), samples=str(last_grid) if last_grid else None,
+                   resumed_from=str(ckpt_path) if ckpt_path else None, interrupted=stopped)
+    summary = write_summary(summary, out, cfg, procs.device, procs.is_main)
     distributed.cleanup(procs)
     return summary
+

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_write_text
+
 
 def memory_gb(device: torch.device) -> float:
     """GPU memory allocated by torch now; on the CPU, the process's resident memory now (Linux), else its peak."""
@@ -207,3 +209,20 @@ def format_summary(summary: dict) -> str:
             value = f"{value:.4g}"
         lines.append(f"  {key:<22} {value}")
     return "\n".join(lines)
+
+
+def write_summary(summary: dict, out: Path, cfg, device: torch.device, is_main: bool) -> dict:
+    """The end-of-run summary: what the loop counted (``summary``) with the throughput, device, threads and peak
+    memory added, written to ``<out>/summary.json`` and printed, with how to continue a stopped run."""
+    done = summary["steps_this_run"]
+    summary = dict(summary, images_per_s=done * cfg.batch_size / summary["train_seconds"] if done else 0.0,
+                   device=str(device), threads=torch.get_num_threads(),  # torch's CPU threads (the config's, if set)
+                   peak_memory_gb=peak_memory_gb(device))
+    if is_main:
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        print(format_summary(summary), flush=True)
+        if summary["interrupted"] is not None:
+            print(f"\nstopped by {summary['interrupted']} after step {summary['steps']} of {cfg.max_steps}: checkpoint "
+                  f"saved to {summary['checkpoint']}.\nContinue with: dit-train --config {out / 'config.yaml'} "
+                  "--resume true", flush=True)
+    return summary
