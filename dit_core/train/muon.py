@@ -23,7 +23,10 @@ One thing PyTorch's Muon cannot do: run its iteration in fp32. On a CPU without 
 products are emulated, and there it costs most of the step (measured on a 2-core AMD EPYC, Zen 3, one thread,
 the small-images model: the 16 matrices' iterations 1,207 ms in bf16 against 43 ms in fp32, beside 438 ms of
 forward and backward; ``benchmarks/cpu_optimizer_step.py``). A run that trains in fp32 therefore gets
-:class:`MuonFp32`, the same update with the iteration in fp32 (the state dict is PyTorch's Muon's).
+:class:`MuonFp32`, the same update with the iteration in fp32 (the state dict is PyTorch's Muon's). With several
+CPU processes it also shares the iterations out among them: on the same CPU, the ``small-images`` profile's
+step went from 232 to 189 ms with the same weights, bit for bit, after 400 steps
+(``benchmarks/results/small-images-recipe.md``, section 7).
 """
 
 from __future__ import annotations
@@ -67,20 +70,35 @@ def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 class MuonFp32(torch.optim.Muon):
     """``torch.optim.Muon`` (Nesterov, ``adjust_lr_fn="match_rms_adamw"``) with the iteration in fp32
-    (:func:`newton_schulz`); the same state (one ``momentum_buffer`` per matrix)."""
+    (:func:`newton_schulz`); the same state (one ``momentum_buffer`` per matrix).
+
+    With several processes (CPU DDP, where the gradients are already averaged, so every process holds the same
+    momentum) each process orthogonalises every ``world_size``-th matrix only and the processes then exchange
+    the results (one broadcast per process): the same update, bit for bit, for a share of the work.
+    """
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        dist = torch.distributed
+        world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
         for group in self.param_groups:
             mu, lr = group["momentum"], group["lr"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            updates = []
+            for i, p in enumerate(params):
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                 buf.lerp_(p.grad, 1 - mu)
-                update = newton_schulz(p.grad.lerp(buf, mu) if group["nesterov"] else buf, group["ns_steps"],
-                                       group["eps"])
+                g = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                updates.append(newton_schulz(g, group["ns_steps"], group["eps"]) if i % world == rank else None)
+            for owner in range(world if world > 1 else 0):  # each process's share, sent to the others
+                mine = range(owner, len(params), world)
+                flat = (torch.cat([updates[i].flatten() for i in mine]) if owner == rank
+                        else torch.empty(sum(params[i].numel() for i in mine)))
+                dist.broadcast(flat, src=owner)
+                for i, part in zip(mine, flat.split([params[i].numel() for i in mine])):
+                    updates[i] = part.view(params[i].shape)
+            for p, update in zip(params, updates):
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape[:2])))
         return loss
