@@ -322,13 +322,9 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                           + (f"step {saved.step} ({out / 'checkpoints' / 'last.pt'})" if saved.step else "none"),
                           flush=True)
                 distributed.cleanup(procs)
-    summary = dict(steps=step, steps_this_run=step - start_step,
-                   final_loss=(monitor.last_record or {}).get("loss", loss_value),  # the last logged average
-                   skipped_steps=stepper.guard.skipped, wall_seconds=time.perf_counter() - t_start,
-                   train_seconds=time.perf_counter() - t_loop, precision=precision, processes=procs.world_size,
-                   checkpoint=str(out / "checkpoints" / "last.pt"), samples=str(last_grid) if last_grid else None,
-                   resumed_from=str(ckpt_path) if ckpt_path else None, interrupted=stopped)
-    summary = write_summary(summary, out, cfg, procs.device, procs.is_main)
+    summary = write_summary(out, cfg, procs, monitor, steps=step, steps_this_run=step - start_step, loss=loss_value,
+                            skipped_steps=stepper.guard.skipped, started=t_start, loop_started=t_loop,
+                            precision=precision, samples=last_grid, resumed_from=ckpt_path, interrupted=stopped)
     distributed.cleanup(procs)
     return summary
 

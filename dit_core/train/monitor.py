@@ -211,18 +211,36 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def write_summary(summary: dict, out: Path, cfg, device: torch.device, is_main: bool) -> dict:
-    """The end-of-run summary: what the loop counted (``summary``) with the throughput, device, threads and peak
-    memory added, written to ``<out>/summary.json`` and printed, with how to continue a stopped run."""
-    done = summary["steps_this_run"]
-    summary = dict(summary, images_per_s=done * cfg.batch_size / summary["train_seconds"] if done else 0.0,
-                   device=str(device), threads=torch.get_num_threads(),  # torch's CPU threads (the config's, if set)
-                   peak_memory_gb=peak_memory_gb(device))
-    if is_main:
+def write_summary(out: Path, cfg, procs, monitor: Monitor, *, steps: int, steps_this_run: int, loss: float,
+                  skipped_steps: int, started: float, loop_started: float, precision: str, samples, resumed_from,
+                  interrupted) -> dict:
+    """The end-of-run summary: written to ``<out>/summary.json`` and printed by process 0, with how to continue a
+    stopped run. ``loss`` stands in for the final loss when no record was logged; ``started`` and
+    ``loop_started`` are the ``time.perf_counter()`` of the run's start and of its first step."""
+    train_seconds = time.perf_counter() - loop_started
+    summary = {
+        "steps": steps,
+        "steps_this_run": steps_this_run,
+        "final_loss": (monitor.last_record or {}).get("loss", loss),  # the last logged average
+        "skipped_steps": skipped_steps,
+        "wall_seconds": time.perf_counter() - started,
+        "train_seconds": train_seconds,
+        "images_per_s": steps_this_run * cfg.batch_size / train_seconds if steps_this_run else 0.0,
+        "precision": precision,
+        "device": str(procs.device),
+        "threads": torch.get_num_threads(),  # torch's CPU threads (the config's threads, if set)
+        "processes": procs.world_size,
+        "peak_memory_gb": peak_memory_gb(procs.device),
+        "checkpoint": str(out / "checkpoints" / "last.pt"),
+        "samples": str(samples) if samples else None,
+        "resumed_from": str(resumed_from) if resumed_from else None,
+        "interrupted": interrupted,
+    }
+    if procs.is_main:
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         print(format_summary(summary), flush=True)
-        if summary["interrupted"] is not None:
-            print(f"\nstopped by {summary['interrupted']} after step {summary['steps']} of {cfg.max_steps}: checkpoint "
-                  f"saved to {summary['checkpoint']}.\nContinue with: dit-train --config {out / 'config.yaml'} "
-                  "--resume true", flush=True)
+        if interrupted is not None:
+            print(f"\nstopped by {interrupted} after step {steps} of {cfg.max_steps}: checkpoint saved to "
+                  f"{summary['checkpoint']}.\nContinue with: dit-train --config {out / 'config.yaml'} --resume true",
+                  flush=True)
     return summary
