@@ -24,8 +24,8 @@ products are emulated, and there it costs most of the step (measured on a 2-core
 the small-images model: the 16 matrices' iterations 1,207 ms in bf16 against 43 ms in fp32, beside 438 ms of
 forward and backward; ``benchmarks/cpu_optimizer_step.py``). A run that trains in fp32 therefore gets
 :class:`MuonFp32`, the same update with the iteration in fp32 (the state dict is PyTorch's Muon's). With several
-CPU processes it also shares the iterations out among them: on the same CPU, the ``small-images`` profile's
-step went from 232 to 189 ms with the same weights, bit for bit, after 400 steps
+CPU processes it also shares the iterations out among them: on the same CPU the ``small-images`` profile's step
+takes 189 ms instead of 232 ms, with the same weights, bit for bit, after 400 steps
 (``benchmarks/results/small-images-recipe.md``, section 7).
 """
 
