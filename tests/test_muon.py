@@ -77,7 +77,7 @@ def test_the_fp32_iteration_is_pytorchs_update_without_bf16_rounding():
 SHARED_SHAPES = [(48, 16), (16, 64), (32, 32), (24, 40), (40, 24)]  # an odd count: the shares are unequal
 
 
-def _shared_worker(rank: int, world: int, init: str, out: str) -> None:
+def _shared_worker(rank: int, world: int, init: str, out: str, shapes: list) -> None:
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.set_num_threads(1)
     from dit_core.train import muon
@@ -85,7 +85,7 @@ def _shared_worker(rank: int, world: int, init: str, out: str) -> None:
     calls, iterate = [], muon.newton_schulz
     muon.newton_schulz = lambda g, *a: calls.append(g.shape) or iterate(g, *a)
     try:
-        start, grads = _problem(SHARED_SHAPES, steps=3)
+        start, grads = _problem(shapes, steps=3)
         params = [p.clone() for p in start]
         got = _run(MuonFp32(params, lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"), params, grads)
         torch.save((got, len(calls)), f"{out}.{rank}")
@@ -93,15 +93,17 @@ def _shared_worker(rank: int, world: int, init: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_processes_share_the_fp32_iteration_and_get_the_same_update_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("shapes,shares", [(SHARED_SHAPES, (3, 2)),  # matrices 0, 2, 4 and 1, 3 of 5
+                                           (SHARED_SHAPES[:1], (1, 0))])  # one matrix: the second has none
+def test_processes_share_the_fp32_iteration_and_get_the_same_update_bit_for_bit(tmp_path, shapes, shares):
     """With two processes each orthogonalises every other matrix and they exchange the results: both end with the
     weights one process computes alone, bit for bit."""
-    start, grads = _problem(SHARED_SHAPES, steps=3)
+    start, grads = _problem(shapes, steps=3)
     params = [p.clone() for p in start]
     alone = _run(MuonFp32(params, lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"), params, grads)
     init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(_shared_worker, args=(2, init, str(tmp_path / "got")), nprocs=2)
-    for rank, share in enumerate((3, 2)):  # matrices 0, 2, 4 and 1, 3 of 5
+    torch.multiprocessing.spawn(_shared_worker, args=(2, init, str(tmp_path / "got"), shapes), nprocs=2)
+    for rank, share in enumerate(shares):
         got, iterations = torch.load(tmp_path / f"got.{rank}", weights_only=True)
         assert all(torch.equal(g, a) for g, a in zip(got, alone)), rank
         assert iterations == 3 * share, (rank, iterations)  # 3 steps

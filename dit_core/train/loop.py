@@ -327,4 +327,3 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                             precision=precision, samples=last_grid, resumed_from=ckpt_path, interrupted=stopped)
     distributed.cleanup(procs)
     return summary
-

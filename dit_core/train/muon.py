@@ -93,6 +93,8 @@ class MuonFp32(torch.optim.Muon):
                 updates.append(newton_schulz(g, group["ns_steps"], group["eps"]) if i % world == rank else None)
             for owner in range(world if world > 1 else 0):  # each process's share, sent to the others
                 mine = range(owner, len(params), world)
+                if not mine:  # more processes than matrices
+                    continue
                 flat = (torch.cat([updates[i].flatten() for i in mine]) if owner == rank
                         else torch.empty(sum(params[i].numel() for i in mine)))
                 dist.broadcast(flat, src=owner)
