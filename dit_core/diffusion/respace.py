@@ -87,6 +87,11 @@ def _ddim_timesteps(num_timesteps, count_text, original):
     )
 
 
+def training_steps(diffusion) -> int:
+    """The number of steps the diffusion was trained with (that of the original process when it is respaced)."""
+    return getattr(diffusion, "original_num_steps", diffusion.num_timesteps)
+
+
 class SpacedDiffusion(GaussianDiffusion):
     """A :class:`GaussianDiffusion` that keeps only the steps in ``use_timesteps``.
 

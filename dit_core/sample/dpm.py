@@ -10,12 +10,8 @@ used). ``dit_core`` does not re-implement it: :func:`dpm_solver_scheduler` confi
 import numpy as np
 import torch
 
+from ..diffusion.respace import training_steps
 from ..runtime import autocast
-
-
-def training_steps(diffusion) -> int:
-    """The number of steps the diffusion was trained with (that of the original process when it is respaced)."""
-    return getattr(diffusion, "original_num_steps", diffusion.num_timesteps)
 
 
 def dpm_solver_scheduler(diffusion, steps: int, clip_denoised: bool):

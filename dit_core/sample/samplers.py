@@ -44,9 +44,10 @@ import torch
 
 from ..diffusion import SAMPLERS, SpacedDiffusion, create_diffusion, sampler_objective, space_timesteps
 from ..diffusion.flow import sample_flow
+from ..diffusion.respace import training_steps
 from ..runtime import DTYPES, autocast, resolve_precision
 from ..vae import decode_latents
-from .dpm import run_dpm, training_steps
+from .dpm import run_dpm
 from .placement import eval_mode, model_device, sampling_copy
 
 
