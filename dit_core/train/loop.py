@@ -41,7 +41,7 @@ from .grids import sample_grid
 from .guard import TrainingDiverged
 from .monitor import Monitor, write_summary
 from .objectives import build_objective
-from .optimizer import make_optimizer
+from .optimizer import check_optimizer, make_optimizer
 from .preempt import StopSignals, ignore_stop_signals
 from .preflight import check_before_training, recheck_for_length
 from .state import Saved, load_checkpoint, resume_path, save_or_explain, seed_global_generators
@@ -96,14 +96,15 @@ def build_model(cfg: TrainConfig, sample_shape, num_classes: int, show: bool = F
     """The DiT for this data (:func:`dit_arguments`), with the configured attention and checkpointing; ``show``
     prints what is built, and which size keys given beside the model's name override its size."""
     model = DiT(**dit_arguments(cfg, sample_shape, num_classes), attn_backend=cfg.attn_backend,
-                grad_checkpointing=cfg.grad_checkpointing)
+                grad_checkpointing=cfg.grad_checkpointing, block=cfg.block)
     if show:
         named = model_kwargs(cfg.model)
         changed = [f"{k} {getattr(cfg, k)}" for k in MODEL_SIZE_KEYS
                    if getattr(cfg, k) is not None and getattr(cfg, k) != named[k]]
         print(f"model: {cfg.model}" + (f" with {', '.join(changed)} (set beside the name, overriding its size)"
                                         if changed else "")
-              + f": {model.depth} blocks, width {model.hidden_size}, {model.num_heads} heads, patch "
+              + f": {model.depth} {'' if model.block == 'adaln-zero' else model.block + ' '}blocks, width "
+              f"{model.hidden_size}, {model.num_heads} heads, patch "
               f"{model.patch_size}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters", flush=True)
     return model
 
@@ -160,6 +161,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
 def start(cfg: TrainConfig):
     """``(procs, cfg, precision, out)``: the processes and device (DDP under torchrun), the config (``--debug``'s
     5 steps), the autocast precision and the run folder, with what cannot work said before anything is built."""
+    check_optimizer(cfg)  # an optimizer this torch lacks (muon before torch 2.9), said before the processes start
     procs = distributed.setup(cfg.device)
     device = procs.device
     if cfg.debug:

@@ -36,6 +36,14 @@ import re
 
 import torch
 
+#: The PyTorch release that brought ``torch.optim.Muon``, which this module builds on. The rest of ``dit_core``
+#: runs on older releases: the trainer imports this module only for ``optimizer: muon``.
+MUON_TORCH = "2.9"
+
+if not hasattr(torch.optim, "Muon"):
+    raise ImportError(f"optimizer muon needs torch>={MUON_TORCH} (torch.optim.Muon); this is torch "
+                      f"{torch.__version__}: pip install -U 'torch>={MUON_TORCH}', or train with --optimizer adamw")
+
 #: Parameter names that Muon updates: the token-wise matrices of every block (with any module prefix).
 MUON_PARAMETERS = re.compile(r"(^|\.)blocks\.\d+\.(attn\.(qkv|proj)|mlp\.fc[12])\.weight$")
 

@@ -1,6 +1,7 @@
 """The optimizer a run trains with (``optimizer``, ``lr``, ``weight_decay``, ``adam_betas``, ``fused_adam``):
 AdamW as the paper trains DiT (Peebles & Xie 2023, Sec. 4: lr 1e-4, no weight decay),
-bitsandbytes' 8-bit AdamW for less memory, or Muon for the blocks' matrices (:mod:`.muon`).
+bitsandbytes' 8-bit AdamW for less memory, or Muon for the blocks' matrices (:mod:`.muon`, which needs
+torch 2.9 and is imported only when a run asks for it).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import warnings
 import torch
 
 from .config import ConfigError, TrainConfig
-from .muon import make_muon
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
@@ -23,7 +23,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     its Newton-Schulz iteration in fp32 when the run trains in fp32 on a CPU (``precision``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "muon":
-        return make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay,
+        return import_muon().make_muon(model, cfg.lr, cfg.adam_betas, cfg.weight_decay,
                          fp32=device.type == "cpu" and precision == "fp32")
     if cfg.optimizer == "adamw8bit":
         bnb = import_bitsandbytes()
@@ -33,6 +33,21 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     fused = {"auto": device.type in ("cuda", "cpu"), "true": True, "false": False}[cfg.fused_adam]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
                              fused=fused or None)
+
+
+def check_optimizer(cfg: TrainConfig) -> None:
+    """A :class:`ConfigError` now, before data and model are built, if this torch lacks ``cfg.optimizer``."""
+    if cfg.optimizer == "muon":
+        import_muon()
+
+
+def import_muon():
+    """:mod:`dit_core.train.muon`, or a :class:`ConfigError` naming the torch release it needs (2.9)."""
+    try:
+        from . import muon
+    except ImportError as err:
+        raise ConfigError(str(err)) from None
+    return muon
 
 
 def import_bitsandbytes():
