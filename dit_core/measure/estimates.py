@@ -138,8 +138,8 @@ CARDS: tuple[Card, ...] = (
 #: Published single-GPU figures, for comparison with the estimates (each with its source).
 PUBLISHED = {
     # fast-DiT README, "Improved Training Performance": one A100 (80 GB), batch 128, gradient checkpointing +
-    # mixed precision (fp16) + pre-extracted features: 0.84 steps/s, i.e. 107.5 img/s. Checkpointing is included,
-    # so its MFU (24.5 %) already carries the recomputation.
+    # mixed precision (fp16) + pre-extracted features: 0.84 steps/s, i.e. 107.5 img/s. Its MFU, 24.5 %, counts the
+    # model's own 711.73 GFLOP an image; with the forward pass that checkpointing recomputes it is about 33 %.
     "fast-DiT, A100 80GB": dict(images_per_s=0.84 * 128, card="A100 80GB",
                                 source="fast-DiT README (github.com/chuanyangjin/fast-DiT), batch 128, with "
                                        "checkpointing, fp16, pre-extracted latents"),
