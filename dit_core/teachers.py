@@ -293,9 +293,8 @@ def fit_pixel_teacher(images: torch.Tensor, labels: torch.Tensor, num_classes: i
 def run_teacher(cfg, dataset, out: Path, procs, device, grid: int):
     """The teacher of pixel-space training as ``(function, dim)``: the small CNN fitted on the training images
     (``repa_teacher`` auto or cnn; fitted once and kept in ``<out>/teacher.pt``, so a resumed run aligns to the
-    same teacher), or DINOv2 (a name or a ``.pth``) run on each batch."""
-    from .train import distributed
-
+    same teacher), or DINOv2 (a name or a ``.pth``) run on each batch. ``procs``: the run's processes (``is_main``
+    fits the teacher, the others wait for it when ``distributed``)."""
     name = cfg.repa_teacher
     if name in ("auto", "cnn"):
         from .checkpoint import atomic_save
@@ -314,7 +313,8 @@ def run_teacher(cfg, dataset, out: Path, procs, device, grid: int):
                   f"(kept in {path})", flush=True)
             atomic_save({"state": net.state_dict(), "num_classes": net.head.out_features,
                          "image_size": images.shape[-1], "train_accuracy": net.train_accuracy}, path)
-        distributed.barrier(procs)
+        if procs.distributed:  # the other processes wait until the main one has saved the teacher
+            torch.distributed.barrier()
         saved = torch.load(path, map_location="cpu", weights_only=True)
         net = PixelTeacher(saved["num_classes"], saved["image_size"])
         net.load_state_dict(saved["state"])

@@ -1,4 +1,5 @@
-"""The library's structure: no import loops among dit_core's modules, no module above 600 lines, light imports.
+"""The library's structure: no import loops among dit_core's modules, layers imported downwards only, no module
+above 600 lines, light imports.
 
 The import graph counts every ``import`` and ``from ... import`` in a module, at module level and inside
 functions alike (a lazy import is still a dependency), each resolved to the dit_core module it names; a loop
@@ -94,6 +95,42 @@ def test_no_import_loops():
     assert "dit_core.measure.bench.ladder" in edges["dit_core.measure.bench"]  # a package's own imports count
     loops = import_loops(edges)
     assert not loops, "import loops among dit_core modules: " + "; ".join(" <-> ".join(c) for c in loops)
+
+
+#: The layers of dit_core, bottom to top: a module imports its own layer and those below, never one above.
+#: Everything not named (models, diffusion, data, latents, teachers, sample, eval, checkpoint, ...) is the bottom
+#: layer: the pieces a run is made of. Above it the trainer, then the tools that measure it, then the command lines.
+LAYERS = ("dit_core.train", "dit_core.measure", "dit_core.cli")
+
+#: ``python -m`` entry points that are a command line by name: ``python -m dit_core.train`` is ``dit-train``
+#: (what torchrun starts), so it may import that command line and nothing else from above its package.
+ENTRY_POINTS = {"dit_core.train.__main__": {"dit_core.cli.train"}}
+
+
+def layer(module: str) -> int:
+    """0 for the bottom layer, else 1 + the index of the first :data:`LAYERS` entry that holds ``module``."""
+    return next((i + 1 for i, top in enumerate(LAYERS) if module == top or module.startswith(top + ".")), 0)
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """``"a -> b"`` for every import of a higher layer, but the command line an entry point names."""
+    return sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
+                  if layer(b) > layer(a) and b not in ENTRY_POINTS.get(a, ()))
+
+
+def test_the_layer_check_finds_upward_imports():
+    edges = {"dit_core.teachers": {"dit_core.train.distributed", "dit_core.models"},
+             "dit_core.measure.bench.__main__": {"dit_core.cli.bench"},
+             "dit_core.train.__main__": {"dit_core.cli.train"}, "dit_core.cli.train": {"dit_core.train.loop"}}
+    assert upward_imports(edges) == ["dit_core.measure.bench.__main__ -> dit_core.cli.bench",
+                                     "dit_core.teachers -> dit_core.train.distributed"]
+
+
+def test_layers_import_downwards_only():
+    """Data and feature code never imports the trainer, the measuring tools never import their command lines."""
+    up = upward_imports(import_graph())
+    assert not up, ("imports of a higher layer (move the shared piece down, or pass it in): " + "; ".join(up)
+                    + f"; layers, bottom to top: the rest, {', '.join(LAYERS)}")
 
 
 def test_no_module_above_600_lines():

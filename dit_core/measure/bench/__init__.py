@@ -7,7 +7,7 @@
 - :mod:`.timings`: sampling throughput and the optimizer and EMA timings;
 - :mod:`.report`: the results as tables.
 
-``dit-bench`` is the command line (:mod:`dit_core.cli.bench`), also ``python -m dit_core.measure.bench``.
+``dit-bench`` is the command line (:mod:`dit_core.cli.bench`, also ``python -m dit_core.cli.bench``).
 """
 
 from .isolate import measure_rung_isolated
