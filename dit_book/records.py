@@ -44,8 +44,13 @@ HARDWARE = {
     "a100-80gb": "A100, 80 GB",
     "h100-80gb": "H100, 80 GB",
 }
-#: The capped planner-check rows that stand for a profile's card (allocator cap in GiB).
-CARD_CAPS = {"a100-40gb": 40.0, "a100-80gb": 80.0, "h100-80gb": 80.0}
+#: The capped planner-check rows that stand for a profile's card (allocator cap in GiB): these profiles are the
+#: planner's choice for that cap, so the row measured under it is the profile's own setup.
+CARD_CAPS = {"rtx3090-24gb": 24.0, "a100-40gb": 40.0, "a100-80gb": 80.0, "h100-80gb": 80.0}
+#: The card each GPU profile is named for, as dit_core.measure.estimates knows it (for the estimate beside the
+#: H200's measurement).
+PROFILE_CARD = {"rtx3060-12gb": "RTX 3060", "rtx3090-24gb": "RTX 3090", "a100-40gb": "A100 40GB",
+                "a100-80gb": "A100 80GB", "h100-80gb": "H100 SXM"}
 NOT_MEASURED = "not measured yet"
 
 
@@ -84,7 +89,8 @@ def _digits(results: Path) -> ProfileRow:
     return ProfileRow(
         "digits", HARDWARE["digits"],
         f"{runs[0]['steps']:,} steps in {minutes} min on {rec['hardware']}",
-        f"{right} % of samples are the digit asked for ({len(runs)} runs, {runs[0]['samples']} samples each)",
+        f"{right} % of samples are the digit asked for ({len(runs)} runs, {runs[0]['samples']} samples each, on "
+        f"{rec['hardware']})",
         "digits-profile.md")
 
 
@@ -92,13 +98,18 @@ def _small_images(results: Path) -> ProfileRow:
     rec = _load("small-images-recipe.json", results)
     if rec is None:
         return ProfileRow("small-images", HARDWARE["small-images"], "-", NOT_MEASURED, None)
-    runs = rec["runs"]
-    steps = _span([r["steps"] for r in runs], lambda s: f"{s:,}")
-    right = _span([r["right_150"] for r in runs], lambda x: f"{100 * x:.1f}")
+    def measured(runs: list[dict], hardware: str) -> tuple[str, str]:
+        steps = _span([r["steps"] for r in runs], lambda s: f"{s:,}")
+        right = _span([r["right_150"] for r in runs], lambda x: f"{100 * x:.1f}")
+        return f"{steps} steps on {hardware}", f"{right} % on {hardware}"
+
+    time, result = measured(rec["runs"], rec["hardware"])
+    for other in rec.get("other_machines", []):
+        t2, r2 = measured(other["runs"], other["hardware"])
+        time, result = f"{time}; {t2}", f"{result}; {r2}"
     return ProfileRow(
-        "small-images", HARDWARE["small-images"],
-        f"a 9.5-minute budget: {steps} steps on {rec['hardware']}",
-        f"{right} % of generated shapes are the shape asked for ({len(runs)} runs, 150 samples each; chance 33 %)",
+        "small-images", HARDWARE["small-images"], f"a 9.5-minute budget: {time}",
+        f"generated shapes that are the shape asked for: {result} (3 runs a machine, 150 samples each; chance 33 %)",
         "small-images-recipe.md")
 
 
@@ -118,21 +129,44 @@ def _trainer_profile(profile: str, results: Path) -> ProfileRow | None:
     rec = _load("nvidia-h200-profiles.json", results)
     for row in (rec or {}).get("rows", []):
         if row["profile"] == profile and row["status"] == "ok" and row.get("steady_images_per_s"):
+            from dit_core.measure.estimates import mfu_of
+
+            ips, cap = row["steady_images_per_s"], row["limit_gib"]
             return ProfileRow(profile, HARDWARE[profile],
-                              f"DiT-XL/2: {row['steady_images_per_s']:.0f} img/s on an {rec['gpu']}",
-                              f"`dit-train` peaks at {row['peak_memory_gb']:.1f} GiB with the memory capped at "
-                              f"{row['limit_gib']:g} GiB", "gpu-ladder-h200.md")
+                              f"DiT-XL/2: {ips:.0f} img/s measured on an {rec['gpu']} capped at {cap:g} GiB"
+                              f"{_card_estimate(profile, mfu_of(ips, 989.0))}",
+                              f"`dit-train` peaks at {row['peak_memory_gb']:.1f} GiB under the {cap:g} GiB cap on the "
+                              f"{rec['gpu']}", "gpu-ladder-h200.md")
     return None
+
+
+def _card_estimate(profile: str, mfu: float) -> str:
+    """``; an A100 80GB: ~118 img/s (estimate)``: the named card's speed at the MFU the H200 measured."""
+    from dit_core.measure import estimates
+
+    name = PROFILE_CARD.get(profile)
+    if name is None:
+        return ""
+    ips = estimates.training_estimate(name, mfu=mfu)["images_per_s"]
+    return f"; on an {name}: ~{ips:.0f} img/s (estimate from its peak)"
 
 
 def _planner_choice(profile: str, results: Path) -> ProfileRow | None:
     rec = _load("nvidia-h200-planner-check.json", results)
     for row in (rec or {}).get("rows", []):
         if row.get("memory_limit_gib") == CARD_CAPS.get(profile) and row["status"] == "ok" and row.get("rung") == "planned":
+            from dit_core.measure.estimates import mfu_of
+
+            cap, ips = row["memory_limit_gib"], row["images_per_s"]
+            blocks = row.get("checkpointed_blocks") or 0
+            setup = (f"micro-batch {row['batch_size']} x {256 // row['batch_size']}, "
+                     + (f"{blocks} blocks checkpointed" if blocks else "no checkpointing"))
             return ProfileRow(profile, HARDWARE[profile],
-                              f"DiT-XL/2: {row['images_per_s']:.0f} img/s on an {rec['gpu']}",
-                              f"its micro-batch and checkpointing peak at {row['peak_bytes'] / 2**30:.1f} GiB with the "
-                              f"memory capped at {row['memory_limit_gib']:g} GiB", "planner-check-h200.md")
+                              f"DiT-XL/2: {ips:.0f} img/s measured on an {rec['gpu']} capped at {cap:g} GiB"
+                              f"{_card_estimate(profile, mfu_of(ips, 989.0))}",
+                              f"a `dit-bench` step of its setup ({setup}), not a `dit-train` run, peaks at "
+                              f"{row['peak_bytes'] / 2**30:.1f} GiB under the {cap:g} GiB cap on the {rec['gpu']}",
+                              "planner-check-h200.md")
     return None
 
 
@@ -148,7 +182,7 @@ def profile_rows(results: str | os.PathLike = RESULTS) -> list[ProfileRow]:
         elif profile.startswith("imagenette"):
             row = _gpu_track(profile, results)
         else:
-            row = _trainer_profile(profile, results) or _planner_choice(profile, results)
+            row = _planner_choice(profile, results) or _trainer_profile(profile, results)
         rows.append(row or ProfileRow(profile, HARDWARE[profile], "-", NOT_MEASURED, None))
     return rows
 
@@ -189,6 +223,85 @@ def update(path: str | os.PathLike, link_prefix: str | None, results: str | os.P
     if after != before:
         path.write_text(after)
     return after != before
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Figures quoted in prose: each beside the record it comes from
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A figure a page states in its prose, and the same figure as its record states it.
+
+    ``says`` must occur in the page's prose and ``record_says`` in the record (both compared with whitespace and
+    Markdown emphasis folded, so line breaks do not matter). When a record is rerun and its figure changes, the
+    record's sentence changes and the quote fails until the page says the new figure too.
+    """
+
+    page: str  # a path under the repository root: a chapter notebook, README.md, book/intro.md
+    says: str
+    record: str  # a file of benchmarks/results
+    record_says: str
+
+
+#: The headline figures of the README and the chapters that no generated table carries. A page that quotes a
+#: record's figure adds a line here; tests/test_records.py checks every line against both files.
+QUOTES = (
+    Quote("README.md", "at 3.2x the step of the official `train.py`", "gpu-ladder-h200.md",
+          "every trick but checkpointing makes the DiT-XL/2 step 3.2x the official `train.py` step"),
+    Quote("book/05_training.ipynb", "with three training seeds, 53, 75 and 78 % of the samples showed the requested "
+          "shape with Muon against 41, 53 and 62 % with AdamW", "small-images-recipe.md",
+          "53.3 / 75.3 / 78.0 % against 41.3 / 52.7 / 62.0 % of 150"),
+    Quote("book/05_training.ipynb", "AdamW 88.0 / 90.0 % of 150 / 300 against 90.7 / 89.3 %", "small-images-recipe.md",
+          "AdamW instead of Muon | 88.0 / 90.0 %"),
+    Quote("book/05_training.ipynb", "the `small-images` step then takes 189 ms instead of 232 ms", "small-images-recipe.md",
+          "189 against 232 ms a step"),
+    Quote("book/05b_your_data.ipynb", "4,750 to 5,000 steps in 552 to 588 s, and 97.3 to 98.0 % of 150 samples of each "
+          "model in the requested shape (96.7 to 98.0 % of 300)", "small-images-recipe.md",
+          "97.3-98.0 % of 150 samples a model (96.7-98.0 % of 300"),
+    Quote("book/05b_your_data.ipynb", "2,850 to 3,020 steps and 92.0 to 94.7 % of 150", "small-images-recipe.md",
+          "fits 2,850-3,020 steps in the budget and reaches 92.0-94.7 % for three seeds"),
+    Quote("book/06_memory_and_speed.ipynb", "within -1.2 % to +1.2 % of `max_memory_allocated`, except one rung (all "
+          "tricks but checkpointing) where it predicted 14 % more than was used", "planner-check-h200.md",
+          "within -1.2 % to +1.2 % of the measured peak whenever latents are pre-extracted or TF32 is on (one rung "
+          "+14 %, on the safe side)"),
+    Quote("book/06_memory_and_speed.ipynb", "peaked 12-30 GiB above the prediction, which was 25-67 % below the peak",
+          "planner-check-h200.md", "predictions 12-67 % below the measured peak"),
+    Quote("book/06_memory_and_speed.ipynb", "the planner's choices for 24, 40 and 80 GiB ran under those caps at 212, "
+          "292 and 375 img/s", "gpu-ladder-h200.md", "the planner's choices ran at 212, 292 and 375 img/s"),
+    Quote("book/07_sampling.ipynb", "measured 99.0 % of 200 samples class-correct at guidance 2 against 84.0 % without "
+          "guidance", "digits-profile.md", "the profile's guidance): 99.0 % (two classes at 95 %, the others 100 %); "
+          "without guidance (`--cfg-scale 1`, the command's default): 84.0 %"),
+    Quote("book/07b_converging_faster.ipynb", "90.0 % and 90.7 % of 150 samples in the requested class against 93.3 % "
+          "and 95.3 % for the velocity", "small-images-recipe.md",
+          "90.0 / 87.7 % and 90.7 / 88.3 % (seeds 0 / 1) against 93.3 / 90.3 % and 95.3 / 89.7 %"),
+)
+
+
+def prose(path: str | os.PathLike) -> str:
+    """The text a reader reads: a notebook's markdown cells (or a Markdown file), whitespace and ``**`` folded."""
+    import re
+
+    path = Path(path)
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    else:
+        text = path.read_text()
+    return re.sub(r"\s+", " ", text.replace("**", ""))
+
+
+def check_quotes(quotes=QUOTES, root: str | os.PathLike = REPO_ROOT, results: str | os.PathLike = RESULTS) -> list[str]:
+    """The quotes whose page or record no longer says the figure (empty when all hold)."""
+    wrong = []
+    for q in quotes:
+        page, record = prose(Path(root) / q.page), prose(Path(results) / q.record)
+        if " ".join(q.says.split()) not in page:
+            wrong.append(f"{q.page} no longer says {q.says!r} (record {q.record})")
+        if " ".join(q.record_says.split()) not in record:
+            wrong.append(f"{q.record} no longer says {q.record_says!r}, which {q.page} quotes as {q.says!r}")
+    return wrong
 
 
 def main(argv=None) -> int:

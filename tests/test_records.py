@@ -75,9 +75,18 @@ def test_the_table_quotes_the_records(tmp_path):
     small = json.loads((RESULTS / "small-images-recipe.json").read_text())
     worst = min(r["right_150"] for r in small["runs"])
     assert f"{100 * worst:.1f}" in rows["small-images"].result and rows["small-images"].record == "small-images-recipe.md"
-    profiles = json.loads((RESULTS / "nvidia-h200-profiles.json").read_text())
-    rtx = next(r for r in profiles["rows"] if r["profile"] == "rtx3090-24gb")
-    assert f"{rtx['steady_images_per_s']:.0f} img/s" in rows["rtx3090-24gb"].time
+    zen3 = small["other_machines"][0]
+    assert f"{100 * min(r['right_150'] for r in zen3['runs']):.1f}" in rows["small-images"].result
+    planner = json.loads((RESULTS / "nvidia-h200-planner-check.json").read_text())
+    capped = {r["memory_limit_gib"]: r for r in planner["rows"] if r.get("rung") == "planned"}
+    for profile, cap in records.CARD_CAPS.items():
+        row = rows[profile]
+        assert f"{capped[cap]['images_per_s']:.0f} img/s measured on an NVIDIA H200 capped at {cap:g} GiB" in row.time
+        assert "not a `dit-train` run" in row.result and row.record == "planner-check-h200.md", profile
+        # the figure names its machine, and the card the profile is named for gets its own estimate beside it
+        assert f"on an {records.PROFILE_CARD[profile]}: ~" in row.time and "(estimate" in row.time, profile
+    # two profiles with the same setup on different cards: the same measurement, different estimates
+    assert rows["a100-80gb"].result == rows["h100-80gb"].result and rows["a100-80gb"].time != rows["h100-80gb"].time
     assert rows["rtx3060-12gb"].result == records.NOT_MEASURED and rows["rtx3060-12gb"].record is None
 
     # a changed figure changes the table; a removed record leaves "not measured yet"
@@ -100,3 +109,44 @@ def test_render_file_rewrites_only_the_table_and_needs_its_markers(tmp_path):
     path = tmp_path / "page.md"
     path.write_text(text)
     assert records.update(path, None) and not records.update(path, None)
+
+
+def test_every_profile_row_names_the_machine_beside_each_figure():
+    for r in records.profile_rows():
+        if r.record is None:
+            continue
+        for cell in (r.time, r.result):
+            assert " on " in cell or "on an " in cell or "on one " in cell, (r.profile, cell)
+
+
+@pytest.mark.parametrize("quote", records.QUOTES, ids=lambda q: f"{Path(q.page).stem}:{q.says[:30]}")
+def test_a_quoted_figure_is_its_records(quote):
+    """The README's and the chapters' headline figures, each said by its record too (dit_book.records.QUOTES)."""
+    assert quote.record in records.RECORDS, f"{quote.record}: not a record of dit_book.records.RECORDS"
+    assert not records.check_quotes([quote]), records.check_quotes([quote])
+
+
+def test_a_changed_record_or_page_fails_its_quote(tmp_path):
+    quote = next(q for q in records.QUOTES if q.record == "digits-profile.md")
+    (tmp_path / "book").mkdir()
+    page, record = REPO_ROOT / quote.page, RESULTS / quote.record
+    (tmp_path / quote.page).write_text(page.read_text())
+    (tmp_path / quote.record).write_text(record.read_text())
+    assert records.check_quotes([quote], tmp_path, tmp_path) == []
+    # the record is rerun and says 97.5 % now: the chapter that still says 99.0 % fails
+    (tmp_path / quote.record).write_text(record.read_text().replace("99.0 %", "97.5 %"))
+    assert "digits-profile.md no longer says" in records.check_quotes([quote], tmp_path, tmp_path)[0]
+    (tmp_path / quote.record).write_text(record.read_text())
+    (tmp_path / quote.page).write_text(page.read_text().replace("84.0 %", "94.0 %"))
+    assert "07_sampling.ipynb no longer says" in records.check_quotes([quote], tmp_path, tmp_path)[0]
+
+
+def test_the_small_images_json_is_its_records_table():
+    """The JSON behind the profile table holds the figures of the record's own tables (section 1 and section 7)."""
+    small = json.loads((RESULTS / "small-images-recipe.json").read_text())
+    text = records.prose(RESULTS / "small-images-recipe.md")
+    for run in small["runs"]:
+        assert f"| {run['seed']} | {run['steps_planned']:,} / {run['steps']:,}" in text, run
+        assert f"{100 * run['right_150']:.1f} % ({100 * run['clean_150']:.1f} %)" in text, run
+    for run in small["other_machines"][0]["runs"]:
+        assert f"| {run['seed']} | {run['steps']:,} | {run['step_ms']} ms | {100 * run['right_150']:.1f} %" in text, run

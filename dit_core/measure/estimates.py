@@ -123,10 +123,10 @@ CARDS: tuple[Card, ...] = (
     # Ada whitepaper figures as quoted by spec databases: BF16/FP16 165.2 with FP32 accumulate (330.3 with FP16
     # accumulate); bf16 autocast accumulates in fp32.
     Card("RTX 4090", "24 GB", 165.2, "Ada (AD102) spec, fp32 accumulate (330.3 with fp16 accumulate)", "rtx3090-24gb",
-         "24gb-profile", "32 x 8, every block checkpointed", ("4090",)),
+         "24gb-planned", "32 x 8, 13 of 28 blocks checkpointed", ("4090",)),
     # GA102: 142 FP16 tensor TFLOP/s with FP16 accumulate, half with FP32 accumulate (35.6 is the non-tensor FP32).
     Card("RTX 3090", "24 GB", 71.0, "Ampere (GA102) spec, fp32 accumulate (142 with fp16 accumulate)",
-         "rtx3090-24gb", "24gb-profile", "32 x 8, every block checkpointed", ("3090",)),
+         "rtx3090-24gb", "24gb-planned", "32 x 8, 13 of 28 blocks checkpointed", ("3090",)),
     # No NVIDIA figure found for the 3060's tensor rate: derived from 28 SMs at the 1.777 GHz boost clock.
     Card("RTX 3060", "12 GB", round(_ampere_geforce_peak(28, 1.777), 1),
          "derived: 28 SMs x 4 tensor cores x 128 FMA x 2 x 1.777 GHz / 2 (fp32 accumulate; ~51 with fp16 accumulate)",
