@@ -46,6 +46,13 @@ def test_ema_quiet_with_warmup_or_a_short_horizon():
     assert "ema_decay" in keys(preflight(make_config(None, {**base, "ema_decay": 0.999}), SHAPES))
 
 
+def test_ema_fix_of_a_very_short_run_names_a_decay_that_exists():
+    # 1 - 5/steps is 0 or negative for 5 steps or fewer: the fix offers no EMA then, not a negative decay
+    (f,) = preflight(make_config(None, {"max_steps": 2, "batch_size": 32}), DatasetFacts(32, 3, (3, 32, 32)))[:1]
+    assert f.key == "ema_decay" and "--ema-decay 0 (the EMA is then the model itself)" in f.fix
+    assert "--ema-decay -" not in f.fix
+
+
 def test_batch_larger_than_the_dataset():
     cfg = make_config("small-images", {"batch_size": 128})
     found = preflight(cfg, DatasetFacts(100, 3, (3, 32, 32)))

@@ -131,154 +131,198 @@ def preflight(cfg: TrainConfig, facts: DatasetFacts, *, budgeted: bool = False) 
     """Every finding for ``cfg`` on data described by ``facts`` (an empty list: nothing to say). ``budgeted``:
     ``cfg.max_steps`` is the length a time budget decided (:func:`dit_core.train.loop.recheck_for_length`),
     not the configured cap."""
-    found: list[Finding] = []
+    return [*_ema(cfg), *_data(cfg, facts), *_reference(cfg, budgeted), *_learning_rate(cfg), *_guidance(cfg, facts),
+            *_shapes(cfg, facts), *_images(cfg, facts), *_grids(cfg, facts)]
 
-    def warn(key, message, fix, level="warning"):
-        found.append(Finding(level, key, message, fix))
 
-    steps, n = cfg.max_steps, facts.num_images
-    conditional = cfg.class_cond and facts.num_classes > 0
+def _warn(key: str, message: str, fix: str, level: str = "warning") -> Finding:
+    return Finding(level, key, message, fix)
 
-    # -- the EMA: an average over ~1/(1 - decay) steps must fit in the run --------------------------------
-    if cfg.ema_decay > 0 and not cfg.ema_warmup and steps > 0:
-        initial = cfg.ema_decay ** steps  # weight of the random initial weights in the EMA after the run
-        if initial > EMA_INITIAL_SHARE:
-            horizon = 1.0 / (1.0 - cfg.ema_decay)
-            suggest = 1.0 - 5.0 / steps  # the initial weights' share falls to e^-5 (0.7 %)
-            warn("ema_decay",
-                 f"ema_decay {cfg.ema_decay} averages over the last ~{horizon:,.0f} steps, but the run has "
-                 f"{steps:,}: at its end the EMA, which every sample grid and dit-sample use, still holds "
-                 f"{100 * initial:.1f} % of the random initial weights, so its samples are mostly noise.",
-                 f"--ema-warmup true (the decay ramps up as (1+n)/(10+n), so the average never reaches back "
-                 f"before the run), or --ema-decay {math.floor(suggest * 10000) / 10000:g} or lower.")
 
-    # -- the data: batch against dataset, passes over the data ----------------------------------------------
+def _conditional(cfg: TrainConfig, facts: DatasetFacts) -> bool:
+    return cfg.class_cond and facts.num_classes > 0
+
+
+def _ema(cfg: TrainConfig) -> list[Finding]:
+    """The EMA: an average over ~1/(1 - decay) steps must fit in the run."""
+    steps = cfg.max_steps
+    if not (cfg.ema_decay > 0 and not cfg.ema_warmup and steps > 0):
+        return []
+    initial = cfg.ema_decay ** steps  # weight of the random initial weights in the EMA after the run
+    if initial <= EMA_INITIAL_SHARE:
+        return []
+    horizon = 1.0 / (1.0 - cfg.ema_decay)
+    suggest = 1.0 - 5.0 / steps  # the initial weights' share falls to e^-5 (0.7 %)
+    decay = (f"--ema-decay {math.floor(suggest * 10000) / 10000:g} or lower" if suggest > 0
+             else "--ema-decay 0 (the EMA is then the model itself)")  # a run of 5 steps or fewer
+    return [_warn("ema_decay",
+                  f"ema_decay {cfg.ema_decay} averages over the last ~{horizon:,.0f} steps, but the run has "
+                  f"{steps:,}: at its end the EMA, which every sample grid and dit-sample use, still holds "
+                  f"{100 * initial:.1f} % of the random initial weights, so its samples are mostly noise.",
+                  f"--ema-warmup true (the decay ramps up as (1+n)/(10+n), so the average never reaches back "
+                  f"before the run), or {decay}.")]
+
+
+def _data(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """The data: batch against dataset, passes over the data."""
+    found, steps, n = [], cfg.max_steps, facts.num_images
     if n > 0 and cfg.batch_size > n:
         fit = 2 ** int(math.log2(n)) if n >= 1 else 1
-        warn("batch_size",
-             f"batch_size {cfg.batch_size} is larger than the dataset ({n:,} images): every batch holds the "
-             f"same images more than once, so a step costs more and teaches no more than a batch of {n:,}.",
-             f"--batch-size {fit} (and more --max-steps for the same number of images seen).")
+        found.append(_warn(
+            "batch_size",
+            f"batch_size {cfg.batch_size} is larger than the dataset ({n:,} images): every batch holds the "
+            f"same images more than once, so a step costs more and teaches no more than a batch of {n:,}.",
+            f"--batch-size {fit} (and more --max-steps for the same number of images seen)."))
     if n > 0 and steps > 0:
         epochs = steps * cfg.batch_size / n
         if epochs < MIN_EPOCHS:
             need = math.ceil(20 * n / cfg.batch_size)
-            warn("max_steps",
-                 f"{steps:,} steps of {cfg.batch_size} images see each of the {n:,} images only ~{epochs:.1f} "
-                 f"times; a diffusion model needs many passes (each pass draws other noise levels), so its "
-                 f"samples will not yet show the data.",
-                 f"--max-steps {need:,} (about 20 passes over the data).")
+            found.append(_warn(
+                "max_steps",
+                f"{steps:,} steps of {cfg.batch_size} images see each of the {n:,} images only ~{epochs:.1f} "
+                f"times; a diffusion model needs many passes (each pass draws other noise levels), so its "
+                f"samples will not yet show the data.",
+                f"--max-steps {need:,} (about 20 passes over the data)."))
+    return found
 
-    # -- a profile measured at more steps than this run gets ---------------------------------------------------
-    ref = cfg.reference_steps
-    if ref > 0 and 0 < steps < REFERENCE_SHARE * ref:
-        if budgeted:  # a time budget's plan: steps per minute as this machine measured them
-            minutes = math.ceil(cfg.max_minutes * ref / steps)
-            why = f"the time budget ({cfg.max_minutes:g} min) fits only {steps:,} steps on this machine"
-            fix = (f"--max-minutes {minutes} (about {ref:,} steps at the speed measured here), or expect "
-                   f"rougher samples than the figures in the profile's YAML.")
-        else:
-            why = f"the run has {steps:,} steps"
-            fix = f"--max-steps {ref:,}, or expect rougher samples than the figures in the profile's YAML."
-        warn("reference_steps",
-             f"{why}, {100 * steps / ref:.0f} % of the {ref:,} this profile's figures were measured at: on a "
-             f"short run the samples are much worse than those figures (they still improve steeply with "
-             f"steps there).", fix)
 
-    # -- the learning rate ------------------------------------------------------------------------------------
+def _reference(cfg: TrainConfig, budgeted: bool) -> list[Finding]:
+    """A profile measured at more steps than this run gets."""
+    ref, steps = cfg.reference_steps, cfg.max_steps
+    if not (ref > 0 and 0 < steps < REFERENCE_SHARE * ref):
+        return []
+    if budgeted:  # a time budget's plan: steps per minute as this machine measured them
+        minutes = math.ceil(cfg.max_minutes * ref / steps)
+        why = f"the time budget ({cfg.max_minutes:g} min) fits only {steps:,} steps on this machine"
+        fix = (f"--max-minutes {minutes} (about {ref:,} steps at the speed measured here), or expect "
+               f"rougher samples than the figures in the profile's YAML.")
+    else:
+        why = f"the run has {steps:,} steps"
+        fix = f"--max-steps {ref:,}, or expect rougher samples than the figures in the profile's YAML."
+    return [_warn("reference_steps",
+                  f"{why}, {100 * steps / ref:.0f} % of the {ref:,} this profile's figures were measured at: on a "
+                  f"short run the samples are much worse than those figures (they still improve steeply with "
+                  f"steps there).", fix)]
+
+
+def _learning_rate(cfg: TrainConfig) -> list[Finding]:
+    """The learning rate: its size, its warm-up, its schedule."""
+    found, steps = [], cfg.max_steps
     if cfg.warmup_steps == 0 and cfg.lr >= NO_WARMUP_FACTOR * USUAL_LR:
         warm = max(100, min(1000, steps // 20))
-        warn("warmup_steps",
-             f"lr {cfg.lr:g} is {cfg.lr / USUAL_LR:.0f}x DiT's {USUAL_LR:g} and starts without a warm-up: "
-             f"Adam's first steps, taken before its moment estimates settle, are then large enough to "
-             f"diverge or to leave the model in a poor state it recovers from slowly.",
-             f"--warmup-steps {warm} (a linear ramp), or --lr {USUAL_LR:g}.")
+        found.append(_warn(
+            "warmup_steps",
+            f"lr {cfg.lr:g} is {cfg.lr / USUAL_LR:.0f}x DiT's {USUAL_LR:g} and starts without a warm-up: "
+            f"Adam's first steps, taken before its moment estimates settle, are then large enough to "
+            f"diverge or to leave the model in a poor state it recovers from slowly.",
+            f"--warmup-steps {warm} (a linear ramp), or --lr {USUAL_LR:g}."))
     if cfg.lr > MAX_LR:
-        warn("lr",
-             f"lr {cfg.lr:g} is more than {MAX_LR:g}, far above any setting AdamW is known to train a "
-             f"transformer with (DiT: {USUAL_LR:g}; the small CPU profiles: 2e-3 to 3e-3 with a warm-up).",
-             f"--lr {min(3e-3, MAX_LR):g} with --warmup-steps of a few hundred.")
+        found.append(_warn(
+            "lr",
+            f"lr {cfg.lr:g} is more than {MAX_LR:g}, far above any setting AdamW is known to train a "
+            f"transformer with (DiT: {USUAL_LR:g}; the small CPU profiles: 2e-3 to 3e-3 with a warm-up).",
+            f"--lr {min(3e-3, MAX_LR):g} with --warmup-steps of a few hundred."))
     if steps > 0 and cfg.warmup_steps >= steps:
-        warn("warmup_steps",
-             f"warmup_steps {cfg.warmup_steps:,} is not shorter than the run ({steps:,} steps): the learning "
-             f"rate never reaches lr {cfg.lr:g}.",
-             f"--warmup-steps {max(1, steps // 10):,} (a tenth of the run).")
+        found.append(_warn(
+            "warmup_steps",
+            f"warmup_steps {cfg.warmup_steps:,} is not shorter than the run ({steps:,} steps): the learning "
+            f"rate never reaches lr {cfg.lr:g}.",
+            f"--warmup-steps {max(1, steps // 10):,} (a tenth of the run)."))
     if cfg.lr_schedule == "cosine" and cfg.min_lr > cfg.lr:
-        warn("min_lr",
-             f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine schedule would raise the learning "
-             f"rate instead of lowering it.",
-             f"--min-lr {cfg.lr / 10:g} (a tenth of lr).")
+        found.append(_warn(
+            "min_lr",
+            f"min_lr {cfg.min_lr:g} is above lr {cfg.lr:g}: the cosine schedule would raise the learning "
+            f"rate instead of lowering it.",
+            f"--min-lr {cfg.lr / 10:g} (a tenth of lr)."))
+    return found
 
-    # -- guidance needs the null class ----------------------------------------------------------------------
+
+def _guidance(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """Guidance needs the null class."""
     shows_grids = cfg.sample_at_end or cfg.sample_every > 0
-    if conditional and cfg.class_dropout_prob == 0 and cfg.sample_cfg_scale != 1 and shows_grids:
-        warn("class_dropout_prob",
-             f"the sample grids use classifier-free guidance (sample_cfg_scale {cfg.sample_cfg_scale:g}), "
-             f"but class_dropout_prob 0 never trains the null class it needs: guided samples mix in an "
-             f"untrained label embedding.",
-             "--class-dropout-prob 0.1 (DiT's), or --sample-cfg-scale 1 for unguided grids.")
+    if not (_conditional(cfg, facts) and cfg.class_dropout_prob == 0 and cfg.sample_cfg_scale != 1 and shows_grids):
+        return []
+    return [_warn("class_dropout_prob",
+                  f"the sample grids use classifier-free guidance (sample_cfg_scale {cfg.sample_cfg_scale:g}), "
+                  f"but class_dropout_prob 0 never trains the null class it needs: guided samples mix in an "
+                  f"untrained label embedding.",
+                  "--class-dropout-prob 0.1 (DiT's), or --sample-cfg-scale 1 for unguided grids.")]
 
-    # -- shapes: the patch size must divide the model's input ------------------------------------------------
-    p = _patch_size(cfg)
-    side = facts.sample_shape[-1]
+
+def _shapes(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """Shapes: the patch size must divide the model's input, a patch must fit in a token, latents keep their size."""
+    found, p, side = [], _patch_size(cfg), facts.sample_shape[-1]
     if p and side % p:
         what = f"latents of side {side} (image_size / 8)" if facts.is_latent else f"images of side {side}"
         good = [s for s in range(side - side % p, side + p + 1, p) if s > 0][:2]
         fix = (f"--patch-size {max(d for d in (1, 2, 4, 8) if side % d == 0)}"
                + ("" if facts.is_latent else f", or --image-size {' or '.join(str(s) for s in good)}"))
-        warn("patch_size", f"patch size {p} does not divide the model's input, {what}: the model cannot cut "
-                           f"it into patches.", fix + ".", level="error")
-
+        found.append(_warn("patch_size", f"patch size {p} does not divide the model's input, {what}: the model "
+                                         f"cannot cut it into patches.", fix + ".", level="error"))
     width = cfg.hidden_size if cfg.hidden_size is not None else _model_width(cfg.model)
     channels = facts.sample_shape[0]
     if p and width and width < p * p * channels:
-        warn("hidden_size",
-             f"each {p}x{p} patch of {channels} channels holds {p * p * channels} numbers, more than the token "
-             f"width {width}: the patch embedding cannot pass the noise through, so the model cannot predict "
-             f"it (measured: 32 px RGB at patch 8 and width 128 sampled pure noise after 2,400 steps).",
-             f"--patch-size {max(d for d in (1, 2, 4) if d * d * channels <= width) if channels <= width else 1} "
-             f"or --hidden-size {p * p * channels * 2} or more.")
+        found.append(_warn(
+            "hidden_size",
+            f"each {p}x{p} patch of {channels} channels holds {p * p * channels} numbers, more than the token "
+            f"width {width}: the patch embedding cannot pass the noise through, so the model cannot predict "
+            f"it (measured: 32 px RGB at patch 8 and width 128 sampled pure noise after 2,400 steps).",
+            f"--patch-size {max(d for d in (1, 2, 4) if d * d * channels <= width) if channels <= width else 1} "
+            f"or --hidden-size {p * p * channels * 2} or more."))
     if facts.is_latent and cfg.image_size != 8 * side:
-        warn("image_size",
-             f"image_size {cfg.image_size} is not what the latents were made at: they are {side}x{side}, "
-             f"i.e. {8 * side} px images, and the run trains at that size whatever image_size says.",
-             f"--image-size {8 * side}, or extract latents at {cfg.image_size} px (dit-extract-latents "
-             f"--image-size {cfg.image_size}).")
+        found.append(_warn(
+            "image_size",
+            f"image_size {cfg.image_size} is not what the latents were made at: they are {side}x{side}, "
+            f"i.e. {8 * side} px images, and the run trains at that size whatever image_size says.",
+            f"--image-size {8 * side}, or extract latents at {cfg.image_size} px (dit-extract-latents "
+            f"--image-size {cfg.image_size})."))
+    return found
 
-    # -- the images themselves: grey files trained as colour, small files blown up ---------------------------
-    if not facts.is_latent and facts.grey_share is not None:
-        if facts.grey_share == 1.0 and facts.sample_shape[0] == 3:
-            warn("channels",
-                 "every image looked at is greyscale, but the run trains on 3 colour channels: the model learns "
-                 "three copies of each grey value (3x the input per patch, for nothing).",
-                 "--channels 1.")
-        elif facts.grey_share == 0.0 and facts.sample_shape[0] == 1:
-            warn("channels",
-                 "the images are in colour, but the run trains on 1 grey channel: the samples will be grey.",
-                 "--channels 3, if colour matters.")
-    if not facts.is_latent and facts.median_side is not None and facts.median_side < side:
+
+def _images(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """The images themselves: grey files trained as colour, small files blown up."""
+    if facts.is_latent:
+        return []
+    found, p, side = [], _patch_size(cfg), facts.sample_shape[-1]
+    if facts.grey_share == 1.0 and facts.sample_shape[0] == 3:
+        found.append(_warn(
+            "channels",
+            "every image looked at is greyscale, but the run trains on 3 colour channels: the model learns "
+            "three copies of each grey value (3x the input per patch, for nothing).",
+            "--channels 1."))
+    elif facts.grey_share == 0.0 and facts.sample_shape[0] == 1:
+        found.append(_warn("channels", "the images are in colour, but the run trains on 1 grey channel: the "
+                                       "samples will be grey.", "--channels 3, if colour matters."))
+    if facts.median_side is not None and facts.median_side < side:
         smaller = [s for s in (32, 48, 64, 96, 128, 256) if s <= facts.median_side and p and s % p == 0]
-        warn("image_size",
-             f"the images are small (median short side {facts.median_side} px) and the run trains at "
-             f"{side} px: they are blown up with bicubic, so the model learns blur and pays for pixels that "
-             f"hold no detail.",
-             f"--image-size {smaller[-1]}." if smaller else "--image-size at most the images' own size.")
+        found.append(_warn(
+            "image_size",
+            f"the images are small (median short side {facts.median_side} px) and the run trains at "
+            f"{side} px: they are blown up with bicubic, so the model learns blur and pays for pixels that "
+            f"hold no detail.",
+            f"--image-size {smaller[-1]}." if smaller else "--image-size at most the images' own size."))
+    return found
 
-    # -- sample grids -----------------------------------------------------------------------------------------
+
+def _grids(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """Sample grids: one before the end, and only of classes the data has."""
+    found, steps = [], cfg.max_steps
     if cfg.sample_every > steps > 0:
         fix = f"--sample-every {max(1, steps // 4):,} (four grids during the run)"
         also = "" if cfg.sample_at_end else " and sample_at_end is false, so the run writes no grid at all"
-        warn("sample_every",
-             f"sample_every {cfg.sample_every:,} is longer than the run ({steps:,} steps): no grid shows "
-             f"progress before the end{also}.", fix + ".")
-    if conditional and cfg.sample_classes is not None and shows_grids:
+        found.append(_warn("sample_every",
+                           f"sample_every {cfg.sample_every:,} is longer than the run ({steps:,} steps): no grid "
+                           f"shows progress before the end{also}.", fix + "."))
+    shows_grids = cfg.sample_at_end or cfg.sample_every > 0
+    if _conditional(cfg, facts) and cfg.sample_classes is not None and shows_grids:
         bad = [c for c in cfg.sample_classes if not (isinstance(c, int) and 0 <= c < facts.num_classes)]
         if bad:
-            warn("sample_classes",
-                 f"sample_classes {bad[:5]} are not classes of this dataset (0..{facts.num_classes - 1}): the "
-                 f"run would stop at its first sample grid, after training up to it.",
-                 f"--sample-classes with numbers in 0..{facts.num_classes - 1}, or leave it unset.",
-                 level="error")
+            found.append(_warn(
+                "sample_classes",
+                f"sample_classes {bad[:5]} are not classes of this dataset (0..{facts.num_classes - 1}): the "
+                f"run would stop at its first sample grid, after training up to it.",
+                f"--sample-classes with numbers in 0..{facts.num_classes - 1}, or leave it unset.",
+                level="error"))
     return found
 
 
