@@ -84,6 +84,12 @@ def _gpu_route(params: dict, smoke: bool) -> tuple[str, bool]:
     return track, bool(tracks.auto(download, track == "gpu")) and not smoke
 
 
+def _gpu_sizes(smoke: bool) -> dict:
+    """The GPU track's image size (DiT's 256 px; 32 px stand-ins in a smoke run) and the steps of the first leg of a
+    run trained for a budget of minutes, which measure the card's speed (:func:`dit_book.track.train_for`)."""
+    return {"gpu_image_size": 32 if smoke else 256, "calibration_steps": 2 if smoke else 50}
+
+
 # ------------------------------------------------------------------------------------------------ 00 .. 02
 def environment(params: dict) -> SimpleNamespace:
     """Chapter 00. ``MATMUL_SIZE="auto"``: 8192 on a GPU, 512 on a CPU; a smoke run times 256 x 256, twice.
@@ -153,7 +159,8 @@ OWN_TINY = dict(depth=2, hidden_size=64, num_heads=2, batch_size=32, warmup_step
 def your_data(params: dict) -> SimpleNamespace:
     """Chapter 05b. A smoke run trains 10 steps of a tiny DiT on the own-folder path and, on the GPU track, a few
     seconds at 32 px on stand-ins (a made-up archive, a tiny VAE). Returns ``track``, ``download``, ``data_dir``,
-    ``latents_dir``, ``out_dir`` and ``own_overrides`` (the settings a smoke run adds to the own-folder run)."""
+    ``latents_dir``, ``out_dir``, ``own_overrides`` (the settings a smoke run adds to the own-folder run),
+    ``gpu_image_size`` and ``calibration_steps``."""
     smoke = _smoke(params)
     (out_dir,) = _need(params, "OUT_DIR")
     if smoke:
@@ -162,12 +169,12 @@ def your_data(params: dict) -> SimpleNamespace:
     track, download = _gpu_route(params, smoke)
     data_dir, latents_dir = tracks.gpu_paths(params["DATA_DIR"], params["LATENTS_DIR"], smoke=smoke)
     if smoke:  # the GPU track at toy size: 32 px stand-in data, a tiny VAE and a tiny DiT, a few seconds of training
-        params.update(GPU_RUN_DIR=out_dir + "/smoke_gpu_run", TRAIN_MINUTES=0.05, TRAIN_STEPS=None, GPU_SAMPLE_EVERY=2,
-                      GPU_IMAGE_SIZE=32, CALIBRATION_STEPS=2)
+        params.update(GPU_RUN_DIR=out_dir + "/smoke_gpu_run", TRAIN_MINUTES=0.05, TRAIN_STEPS=None, GPU_SAMPLE_EVERY=2)
         if track == "gpu":
             _standins(params, vae=True)
     return SimpleNamespace(track=track, download=download, data_dir=data_dir, latents_dir=latents_dir,
-                           out_dir=Path(out_dir), own_overrides=dict(OWN_TINY) if smoke else {})
+                           out_dir=Path(out_dir), own_overrides=dict(OWN_TINY) if smoke else {},
+                           **_gpu_sizes(smoke))
 
 
 # ------------------------------------------------------------------------------------------------ 06
@@ -207,7 +214,8 @@ def sampling(params: dict) -> SimpleNamespace:
     """Chapter 07. A smoke run trains a 30-step digits model and samples a few images at few steps; on the GPU track
     it makes stand-ins for every download (a made-up archive, a tiny VAE, a tiny DiT in the official format, random
     Inception weights) and computes FIDs of 10 samples. Returns ``track``, ``download``, ``data_dir``,
-    ``latents_dir``, ``device``, ``amp`` (the autocast precision) and ``out_dir`` (created)."""
+    ``latents_dir``, ``device``, ``amp`` (the autocast precision), ``out_dir`` (created), ``gpu_image_size`` and
+    ``calibration_steps``."""
     from dit_core.runtime import resolve_precision
 
     smoke = _smoke(params)
@@ -219,16 +227,16 @@ def sampling(params: dict) -> SimpleNamespace:
     track, download = _gpu_route(params, smoke)
     data_dir, latents_dir = tracks.gpu_paths(params["DATA_DIR"], params["LATENTS_DIR"], smoke=smoke)
     if smoke:  # the GPU track at toy size: a few sampler steps, a handful of FID samples
-        params.update(GPU_RUN_DIR=out_dir + "/smoke_gpu_run", TRAIN_MINUTES=0.05, GPU_IMAGE_SIZE=32,
-                      CALIBRATION_STEPS=2, PICTURE_STEPS=3, SAMPLER_RACE=[["ddpm", 3], ["ddim", 2], ["dpm-solver++", 2]],
-                      FID_SAMPLES=10, FID_STEPS=2, GPU_BATCH=10)
+        params.update(GPU_RUN_DIR=out_dir + "/smoke_gpu_run", TRAIN_MINUTES=0.05, PICTURE_STEPS=3,
+                      SAMPLER_RACE=[["ddpm", 3], ["ddim", 2], ["dpm-solver++", 2]], FID_SAMPLES=10, FID_STEPS=2,
+                      GPU_BATCH=10)
         if track == "gpu":
             _standins(params, vae=True, official=True)
     device = _device(params["DEVICE"])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(track=track, download=download, data_dir=data_dir, latents_dir=latents_dir, device=device,
-                           amp=resolve_precision(params["PRECISION"], device), out_dir=out)
+                           amp=resolve_precision(params["PRECISION"], device), out_dir=out, **_gpu_sizes(smoke))
 
 
 def converging(params: dict) -> SimpleNamespace:
