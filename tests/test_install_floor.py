@@ -20,7 +20,8 @@ WITHOUT_MUON = textwrap.dedent("""
     import importlib, pkgutil, sys
     import torch
 
-    del torch.optim.Muon  # a torch before 2.9
+    if hasattr(torch.optim, "Muon"):  # a torch before 2.9 (an older torch runs this as it is)
+        del torch.optim.Muon
     import dit_core
 
     failed = {}

@@ -31,6 +31,7 @@ import os
 import sys
 
 from dit_core.train.config import ConfigError, TrainConfig, canonical, field_types, help_text, make_config, profiles
+from dit_core.train.overrides import Overrides, find_overrides
 
 USAGE = "usage: dit-train [--config PROFILE_OR_YAML] [--out DIR] [--key value ...]"
 
@@ -110,8 +111,14 @@ def run_processes(n: int, argv: list[str], usable: int | None = None) -> int:
 
 
 def config_from_args(argv: list[str]) -> TrainConfig:
+    return resolve_args(argv)[0]
+
+
+def resolve_args(argv: list[str]) -> tuple[TrainConfig, Overrides]:
+    """The run's config, and what the command line changed in its profile (:mod:`dit_core.train.overrides`)."""
     profile, overrides = parse_args(argv)
-    return make_config(profile, overrides)
+    cfg = make_config(profile, overrides)
+    return cfg, find_overrides(profile, overrides, cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,13 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE + "\n\nProfiles: " + ", ".join(profiles()) + "\n\nConfig keys:\n" + help_text())
         return 0
     try:
-        cfg = config_from_args(argv)
+        cfg, overrides = resolve_args(argv)
     except (ConfigError, FileNotFoundError) as err:
         print(f"dit-train: error: {err}", file=sys.stderr)
         return 2
     processes = planned_processes(cfg)
     if processes > 1:
         return run_processes(processes, argv)
+    if os.environ.get("RANK", "0") == "0":  # one process says it (under torchrun, each one trains)
+        for line in overrides.lines(cfg):
+            print(line, flush=True)
     from dit_core.atomic import DiskFullError
     from dit_core.checkpoint import CheckpointError
     from dit_core.train.guard import TrainingDiverged
@@ -140,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from dit_core.train.preempt import exit_code
 
     try:
-        summary = train(cfg)
+        summary = train(cfg, overrides=overrides)
     except (ConfigError, FileNotFoundError, CheckpointError, DiskFullError) as err:
         print(f"dit-train: error: {err}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ from .guard import TrainingDiverged
 from .monitor import Monitor, write_summary
 from .objectives import build_objective
 from .optimizer import check_optimizer, make_optimizer
+from .overrides import Overrides
 from .preempt import StopSignals, ignore_stop_signals
 from .preflight import check_before_training, recheck_for_length
 from .state import Saved, load_checkpoint, resume_path, save_or_explain, seed_global_generators
@@ -141,19 +142,20 @@ def save_run_config(cfg: TrainConfig, out: Path, run_config: dict) -> None:
     save_yaml(cfg, out / "config.yaml", extra={k: v for k, v in run_config.items() if k not in to_dict(cfg)})
 
 
-def train(cfg: TrainConfig, dataset=None) -> dict:
+def train(cfg: TrainConfig, dataset=None, overrides: Overrides | None = None) -> dict:
     """Train a DiT as ``cfg`` says and return the end-of-run summary (also in ``<out>/summary.json``).
 
     ``dataset`` replaces the data named in the config: anything with ``__len__``, ``__getitem__`` giving
     ``(x, label)``, and a ``num_classes`` attribute. With ``threads`` set, torch uses that many CPU threads for
-    the run and the caller's setting comes back afterwards (a notebook's next cells keep theirs).
+    the run and the caller's setting comes back afterwards (a notebook's next cells keep theirs). ``overrides``:
+    what the command line changed in the profile (:mod:`.overrides`), recorded in ``config.yaml``.
     """
     if not cfg.threads:
-        return _train(cfg, dataset)
+        return _train(cfg, dataset, overrides)
     previous = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _train(cfg, dataset)
+        return _train(cfg, dataset, overrides)
     finally:
         torch.set_num_threads(previous)
 
@@ -197,13 +199,19 @@ def resume_from(path: Path, cfg: TrainConfig, model, ema, opt, stepper, dataset,
             info["config"].get("budget_steps"))
 
 
-def _train(cfg: TrainConfig, dataset=None) -> dict:
-    t_start = time.perf_counter()
-    planned = cfg  # what pre-flight checks: the run as configured, not --debug's 5 steps
-    procs, cfg, precision, out = start(cfg)
-    device = procs.device
+@dataclasses.dataclass
+class TrainingData:
+    """The run's data (cut to ``subset``) and what the loop knows of it."""
 
-    # -- data ---------------------------------------------------------------------------------------------
+    dataset: object
+    sample_shape: tuple
+    num_classes: int  # 0: unconditional
+    classes: list
+    is_latent: bool
+
+
+def open_data(cfg: TrainConfig, out: Path, procs, dataset=None) -> TrainingData:
+    """The data the config names (or ``dataset``), its sample shape and classes, cut to ``subset``."""
     dataset = open_training_data(cfg, out, procs) if dataset is None else dataset
     sample_shape, num_classes = describe(dataset)
     num_classes = num_classes if cfg.class_cond else 0
@@ -211,11 +219,28 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     if cfg.subset:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.subset, len(dataset))))
     is_latent = hasattr(getattr(dataset, "dataset", dataset), "latent_shape")
-    findings = check_before_training(planned, dataset, num_classes, procs.is_main)
+    return TrainingData(dataset, sample_shape, num_classes, classes, is_latent)
 
-    # -- model, EMA, optimizer, diffusion, the step --------------------------------------------------------
+
+@dataclasses.dataclass
+class Parts:
+    """What trains: the DiT, its EMA, the diffusion, the optimizer, the step, and what checkpoints keep beside
+    the DiT (``extras``: the training-only parameters of :mod:`.objectives`)."""
+
+    model: DiT
+    ema: torch.nn.Module
+    diffusion: object
+    opt: torch.optim.Optimizer
+    stepper: TrainStep
+    extras: dict | None
+
+
+def build_parts(cfg: TrainConfig, data: TrainingData, out: Path, procs, precision: str) -> Parts:
+    """The model, its EMA, the diffusion, the objective, AdamW (or the configured optimizer) and the training step;
+    an objective that needs features of the data replaces ``data.dataset`` with the data and its features."""
+    device = procs.device
     torch.manual_seed(cfg.seed)  # the same initial weights on every process
-    model = build_model(cfg, sample_shape, num_classes, show=procs.is_main).to(device)
+    model = build_model(cfg, data.sample_shape, data.num_classes, show=procs.is_main).to(device)
     # The step drops labels itself from the seeded draws, so DiT's own random label dropout (active only in
     # train mode) is switched off with eval(): DiT has no dropout or batch-norm layers, so eval mode changes
     # nothing else.
@@ -226,14 +251,110 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                                diffusion_steps=cfg.diffusion_steps)
     # None with DiT's recipe; else the options of dit_core.train.objectives, their training-only parameters
     # (trained with the DiT, not part of it) and the teacher of representation alignment
-    objective, dataset = build_objective(cfg, model, diffusion, dataset, out, procs, device)
+    objective, data.dataset = build_objective(cfg, model, diffusion, data.dataset, out, procs, device)
     trained = objective.module if objective is not None else model
     opt = make_optimizer(trained, cfg, device, precision)
     if should_compile(cfg, device, procs.is_main):
         compile_blocks(model, trained)  # the module the step runs
     stepper = TrainStep(model, diffusion, opt, ema, step_options(cfg, precision), batch_size=cfg.batch_size,
                         seed=cfg.seed, procs=procs, train_model=distributed.wrap(trained, procs), objective=objective)
-    extras = objective.extras if objective is not None else None  # saved in checkpoints beside the DiT
+    return Parts(model, ema, diffusion, opt, stepper, objective.extras if objective is not None else None)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def report_overrides(overrides: Overrides, cfg: TrainConfig, data: TrainingData, model: DiT, show: bool) -> dict:
+    """What the command line changed in the profile (:mod:`.overrides`) as ``config.yaml`` records it; when it
+    resized the model, with both models' parameter counts for this data (the profile's counted on the meta
+    device: nothing is allocated), which ``show`` prints."""
+    record = overrides.record()
+    if overrides.tuned_model is not None:
+        tuned = dataclasses.replace(cfg, **{**{k: None for k in MODEL_SIZE_KEYS}, **overrides.tuned_model})
+        with torch.device("meta"):
+            before = parameter_count(DiT(**dit_arguments(tuned, data.sample_shape, data.num_classes)))
+        now = parameter_count(model)
+        record["parameters"] = {"profile_model": before, "this_run": now}
+        if show:
+            print(f"parameters: {now / 1e6:.2f} M in this run, {before / 1e6:.2f} M in the profile's model "
+                  f"({now / before:.1f}x), whose settings this run keeps", flush=True)
+    return record
+
+
+def run_facts(cfg: TrainConfig, precision: str, procs, data: TrainingData, model: DiT, budget: TimeBudget,
+              overrides: Overrides | None) -> dict:
+    """What ``config.yaml`` (under ``run:``) and every checkpoint record beside the settings (the command line's
+    ``overrides`` only in ``config.yaml``)."""
+    return {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
+            "num_classes": data.num_classes, "classes": [str(c) for c in data.classes],
+            "sample_shape": list(data.sample_shape), "data_kind": "latents" if data.is_latent else "pixels",
+            "architecture": {k: getattr(model, k) for k in MODEL_SIZE_KEYS}, "parameters": parameter_count(model),
+            **({"budget_steps": budget.planned} if budget.planned is not None else {}),
+            **({"overrides": report_overrides(overrides, cfg, data, model, procs.is_main)}
+               if overrides is not None and overrides.changes else {})}
+
+
+def save_checkpoints(out: Path, parts: Parts, cfg: TrainConfig, step: int, samples_seen: int, run_config: dict,
+                     data: TrainingData, loss, train_seconds: float, saved: Saved) -> None:
+    """``checkpoints/last.pt``, and a kept ``step_XXXXXXX.pt`` every ``keep_every`` steps."""
+    ckpt = dict(model=parts.model, ema=parts.ema, opt=parts.opt, scaler=parts.stepper.scaler, step=step,
+                samples_seen=samples_seen, ema_updates=parts.stepper.ema_updates,
+                config={k: v for k, v in run_config.items() if k != "overrides"},  # the command line's, not the run's
+                dataset_size=len(data.dataset), extras=parts.extras,
+                metrics={"loss": float(loss), "train_seconds": train_seconds})
+    keep = cfg.keep_every and step % cfg.keep_every == 0
+    for name in ["last.pt"] + ([f"step_{step:07d}.pt"] if keep else []):
+        save_or_explain(out / "checkpoints" / name, ckpt, saved, out)
+
+
+def open_batches(cfg: TrainConfig, data: TrainingData, procs, step: int, samples_seen: int):
+    """This process's micro-batches from ``step`` on (:mod:`.batches`: the order is a function of the seed)."""
+    sampler = MicroBatches(DataOrder(len(data.dataset), cfg.seed), cfg.seed, cfg.batch_size, cfg.grad_accum,
+                           procs.world_size, procs.rank, start_step=step, end_step=cfg.max_steps,
+                           samples_seen=samples_seen)
+    return micro_batches(data.dataset, sampler, data.sample_shape, preload_mode=cfg.preload,
+                         num_workers=cfg.num_workers, device=procs.device, worker_init_fn=ignore_stop_signals)
+
+
+def grid_due(cfg: TrainConfig, step: int) -> bool:
+    """Whether a sample grid is written after ``step``: every ``sample_every`` steps, and at the end."""
+    return bool((cfg.sample_every and step % cfg.sample_every == 0) or (step == cfg.max_steps and cfg.sample_at_end))
+
+
+def budget_decided(cfg: TrainConfig, planned: TrainConfig, out: Path, run_config: dict, data: TrainingData,
+                   findings: list, monitor: Monitor, procs) -> list:
+    """A time budget has fixed the run's length (``cfg.max_steps``): recorded in ``config.yaml``, shown by the
+    progress bar, and checked by pre-flight again; returns pre-flight's findings."""
+    run_config["budget_steps"] = cfg.max_steps
+    monitor.set_total(cfg.max_steps)
+    if procs.is_main:
+        save_run_config(cfg, out, run_config)
+    return recheck_for_length(planned, cfg.max_steps, data.dataset, data.num_classes, findings, monitor)
+
+
+def log_step(step: int, result, lr: float, stepper: TrainStep, monitor: Monitor, procs, read: bool,
+             last: bool) -> None:
+    """Hand the step's figures to the monitor (``last``: the run's last step, always logged); with ``read`` (a
+    logging step) read the device first: the NaN guard's verdict (a run of bad steps raises
+    :class:`TrainingDiverged`) and the loss terms, averaged over the processes."""
+    if read:
+        stepper.guard.read()
+        result.terms = {k: float(distributed.mean_over_processes(v, procs)) for k, v in result.terms.items()}
+    for message in stepper.guard.take_messages():
+        monitor.write(message)
+    monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, result.terms, force=last)
+
+
+def _train(cfg: TrainConfig, dataset=None, overrides: Overrides | None = None) -> dict:
+    t_start = time.perf_counter()
+    planned = cfg  # what pre-flight checks: the run as configured, not --debug's 5 steps
+    procs, cfg, precision, out = start(cfg)
+    device = procs.device
+    data = open_data(cfg, out, procs, dataset)
+    findings = check_before_training(planned, data.dataset, data.num_classes, procs.is_main)
+    parts = build_parts(cfg, data, out, procs, precision)
+    model, ema, opt, stepper = parts.model, parts.ema, parts.opt, parts.stepper
     seed_global_generators(cfg.seed, procs.rank)  # per process (the step draws from its own generators)
 
     # -- resume, the time budget, the batches ---------------------------------------------------------------
@@ -241,27 +362,18 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
     step, samples_seen, loss_value, budget_steps = 0, 0, float("nan"), None
     if ckpt_path is not None:
         step, samples_seen, loss_value, budget_steps = resume_from(ckpt_path, cfg, model, ema, opt, stepper,
-                                                                   dataset, procs, extras)
+                                                                   data.dataset, procs, parts.extras)
     budget = TimeBudget(cfg.max_minutes, cfg.max_steps, cfg.warmup_steps, step, budget_steps,
                         sync=lambda: torch.cuda.synchronize(device) if device.type == "cuda" else None)
     cfg = dataclasses.replace(cfg, max_steps=budget.planned or cfg.max_steps)
-    run_config = {**to_dict(cfg), "precision": precision, "world_size": procs.world_size,
-                  "num_classes": num_classes, "classes": [str(c) for c in classes],
-                  "sample_shape": list(sample_shape), "data_kind": "latents" if is_latent else "pixels",
-                  "architecture": {k: getattr(model, k) for k in MODEL_SIZE_KEYS},
-                  **({"budget_steps": budget.planned} if budget.planned is not None else {})}
+    run_config = run_facts(cfg, precision, procs, data, model, budget, overrides)
     if procs.is_main:
         save_run_config(cfg, out, run_config)
-    sampler = MicroBatches(DataOrder(len(dataset), cfg.seed), cfg.seed, cfg.batch_size, cfg.grad_accum,
-                           procs.world_size, procs.rank, start_step=step, end_step=cfg.max_steps,
-                           samples_seen=samples_seen)
-    batches = micro_batches(dataset, sampler, sample_shape, preload_mode=cfg.preload, num_workers=cfg.num_workers,
-                            device=device, worker_init_fn=ignore_stop_signals)
 
     # -- the loop -----------------------------------------------------------------------------------------
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
-    batches = monitor.timed(batches)  # the time the step waits for data goes into the log
+    batches = monitor.timed(open_batches(cfg, data, procs, step, samples_seen))  # data waits go into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
     start_step, last_grid, stopped = step, (grids[-1] if grids else None), None
     saved = Saved(step if ckpt_path is not None else None)
@@ -279,38 +391,23 @@ def _train(cfg: TrainConfig, dataset=None) -> dict:
                     cfg = dataclasses.replace(cfg, max_steps=length)
                     monitor.write(message)
                     if length == budget.planned:  # decided now: recorded, shown, and pre-flight checks it
-                        run_config["budget_steps"] = length
-                        monitor.set_total(length)
-                        if procs.is_main:
-                            save_run_config(cfg, out, run_config)
-                        findings = recheck_for_length(planned, length, dataset, num_classes, findings, monitor)
+                        findings = budget_decided(cfg, planned, out, run_config, data, findings, monitor, procs)
                 stopped = stop.agreed()  # a stop signal (on any process): save and leave after this step
 
                 # 5. log (the only place where the loop reads the device), checkpoint, sample
                 last = step == cfg.max_steps or stopped is not None
-                if step % cfg.log_every == 0 or last:
-                    stepper.guard.read()  # reports skipped steps; a run of bad ones raises TrainingDiverged
-                    result.terms = {k: float(distributed.mean_over_processes(v, procs))  # averaged over processes
-                                    for k, v in result.terms.items()}
-                for message in stepper.guard.take_messages():
-                    monitor.write(message)
-                monitor.update(step, result.loss, lr, result.grad_norm, stepper.guard.skipped, result.terms, force=last)
+                log_step(step, result, lr, stepper, monitor, procs, read=last or step % cfg.log_every == 0, last=last)
                 if procs.is_main and (last or step % cfg.ckpt_every == 0
                                       or saved.minutes_ago() >= (cfg.ckpt_every_minutes or math.inf)):
                     with monitor.pause(), budget.pause():
-                        ckpt = dict(model=model, ema=ema, opt=opt, scaler=stepper.scaler, step=step,
-                                    samples_seen=samples_seen, ema_updates=stepper.ema_updates, config=run_config,
-                                    dataset_size=len(dataset), extras=extras,
-                                    metrics={"loss": float(result.loss), "train_seconds": time.perf_counter() - t_loop})
-                        keep = cfg.keep_every and step % cfg.keep_every == 0
-                        for name in ["last.pt"] + ([f"step_{step:07d}.pt"] if keep else []):
-                            save_or_explain(out / "checkpoints" / name, ckpt, saved, out)
+                        save_checkpoints(out, parts, cfg, step, samples_seen, run_config, data, result.loss,
+                                         time.perf_counter() - t_loop, saved)
                 if stopped is not None:
                     break
-                if procs.is_main and ((cfg.sample_every and step % cfg.sample_every == 0)
-                                      or (step == cfg.max_steps and cfg.sample_at_end)):
+                if procs.is_main and grid_due(cfg, step):
                     with monitor.pause(), budget.pause():
-                        last_grid = sample_grid(ema, diffusion, cfg, out, step, classes, is_latent, dataset, device)
+                        last_grid = sample_grid(ema, parts.diffusion, cfg, out, step, data.classes, data.is_latent,
+                                                data.dataset, device)
                         if last_grid is not None:
                             monitor.image("samples", last_grid, step)
         except TrainingDiverged as err:
