@@ -36,7 +36,7 @@ from ..data.images import ImageFolderDataset
 from ..runtime import DTYPES, resolve_device, resolve_precision, usable_cores
 from ..vae import DEFAULT_VAE, downsample_factor, encode_moments, load_vae, vae_scale
 from .store import FORMAT, FORMAT_VERSION, MANIFEST, SHARD_BYTES, STATE, STORAGE_DTYPES, LatentFormatError
-from .store import save_npy, sha256_file, shard_names, write_json
+from .store import end_pass, pass_bar, publish_manifest, save_npy, sha256_file, shard_names, write_json
 
 
 class _ExtractionImages(torch.utils.data.Dataset):
@@ -111,37 +111,59 @@ def extract_latents(
     ``precision``. Returns the manifest (complete) or the progress state (incomplete, ``"complete": False``).
     """
     out_dir = Path(out_dir)
-    if dtype is not None:
-        by_dtype = {v: k for k, v in DTYPES.items()}
-        named = by_dtype.get(dtype, dtype if dtype in DTYPES else None)
-        if named is None or (precision is not None and precision != named):
-            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} or disagrees with precision")
-        precision = named
     device = resolve_device(device)
-    precision = resolve_precision(precision or "auto", device, purpose="vae")
+    precision = resolve_precision(_precision_of(precision, dtype) or "auto", device, purpose="vae")
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage_dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
 
     images = ImageFolderDataset(dataset_root, image_size, split=split, mode="RGB", flip=False, center_crop=center_crop)
+    vae, vae_name = _ready_vae(vae, vae_name, device)
+    config = _settings(dataset_root, images, vae, vae_name, image_size, split, center_crop, precision, storage_dtype,
+                       batch_size, shard_size)
+    state = _start_or_resume(out_dir, config, resume, overwrite)
+    if state.get("complete"):
+        return state
+    batches = plan_batches(len(images), state["shard_size"], state["batch_size"], state["done"])[:max_batches]
+    if num_workers is None:
+        num_workers = min(8, max(0, usable_cores() - 1)) if len(batches) > 4 else 0
+    t0 = time.perf_counter()
+    _encode(out_dir, images, vae, batches, state, device, precision, num_workers, progress)
+    return (end_pass(out_dir, state, len(images), t0)
+            or _finish(out_dir, state, np.asarray(images.targets, dtype=np.int64)))
+
+
+def _precision_of(precision: str | None, dtype) -> str | None:
+    """``precision``, or the name of ``dtype`` (``torch.bfloat16`` or "bf16"), its alias; both must agree."""
+    if dtype is None:
+        return precision
+    by_dtype = {v: k for k, v in DTYPES.items()}
+    named = by_dtype.get(dtype, dtype if dtype in DTYPES else None)
+    if named is None or (precision is not None and precision != named):
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} or disagrees with precision")
+    return named
+
+
+def _ready_vae(vae, vae_name: str | None, device: torch.device):
+    """``(vae, its name for the manifest)``: loaded from a hub id or folder, or a given model moved to ``device``."""
     if isinstance(vae, (str, os.PathLike)):
-        vae_name = vae_name or str(vae)
-        vae = load_vae(vae, device=device)
-    else:
-        vae_name = vae_name or getattr(vae.config, "_name_or_path", None) or "custom"
-        vae = vae.to(device).eval().requires_grad_(False)
+        return load_vae(vae, device=device), vae_name or str(vae)
+    vae_name = vae_name or getattr(vae.config, "_name_or_path", None) or "custom"
+    return vae.to(device).eval().requires_grad_(False), vae_name
+
+
+def _settings(dataset_root, images: ImageFolderDataset, vae, vae_name: str, image_size: int, split, center_crop: str,
+              precision: str, storage_dtype: str, batch_size: int, shard_size: int | None) -> dict:
+    """What the manifest records of the extraction's settings (and a resumed one must agree on)."""
     factor = downsample_factor(vae)
     if image_size % factor:
         raise ValueError(f"image_size {image_size} must be a multiple of the VAE's downsampling factor {factor}")
     latent_shape = [int(vae.config.latent_channels), image_size // factor, image_size // factor]
-    scale = vae_scale(vae)
-    count = len(images)
     per_image = 2 * int(np.prod(latent_shape)) * np.dtype(storage_dtype).itemsize
     if shard_size is None:
         shard_size = max(1, SHARD_BYTES // per_image // batch_size) * batch_size
-
-    config = {
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "dataset": {
@@ -154,51 +176,42 @@ def extract_latents(
         "image_size": image_size,
         "center_crop": center_crop,
         "latent_shape": latent_shape,
-        "scale": scale,
+        "scale": vae_scale(vae),
         "scaled": True,
         "views": ["plain", "hflip"],
         "precision": precision,
         "storage_dtype": storage_dtype,
         "batch_size": batch_size,
         "shard_size": shard_size,
-        "count": count,
+        "count": len(images),
         "classes": images.classes,
         "num_classes": images.num_classes,
     }
-    state = _start_or_resume(out_dir, config, resume, overwrite)
-    if state.get("complete"):
-        return state
-    batch_size, shard_size = state["batch_size"], state["shard_size"]
-    num_shards = (count + shard_size - 1) // shard_size
 
-    # Batches start at fixed positions (shard start + k * batch_size) and never cross a shard, so a
-    # resumed run encodes exactly the same batches as an uninterrupted one.
-    done = state["done"]
+
+def plan_batches(count: int, shard_size: int, batch_size: int, done: int) -> list[list[int]]:
+    """The image indices of every batch still to encode. Batches start at fixed positions (shard start + k *
+    batch_size) and never cross a shard, so a resumed run encodes exactly the same batches as an uninterrupted
+    one."""
     batches = []
-    for shard in range(num_shards):
+    for shard in range((count + shard_size - 1) // shard_size):
         lo, hi = shard * shard_size, min(count, (shard + 1) * shard_size)
         for start in range(lo, hi, batch_size):
             if start + batch_size > done:
                 batches.append(list(range(max(start, done), min(start + batch_size, hi))))
-    if max_batches is not None:
-        batches = batches[:max_batches]
-    if num_workers is None:
-        num_workers = min(8, max(0, usable_cores() - 1)) if len(batches) > 4 else 0
-    loader = torch.utils.data.DataLoader(
-        _ExtractionImages(images),
-        batch_sampler=batches,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=False,
-    )
+    return batches
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=count, initial=done, unit="img", desc="extracting latents", dynamic_ncols=True)
+def _encode(out_dir: Path, images: ImageFolderDataset, vae, batches: list, state: dict, device: torch.device,
+            precision: str, num_workers: int, progress: bool) -> None:
+    """Encode ``batches`` (each image and its mirror) into the shards, recording progress in ``state`` after
+    every batch; an interruption or a full disk says how far it got and how to resume."""
+    count, shard_size, latent_shape = state["count"], state["shard_size"], state["latent_shape"]
+    storage_dtype, scale = state["storage_dtype"], state["scale"]
+    loader = torch.utils.data.DataLoader(_ExtractionImages(images), batch_sampler=batches, num_workers=num_workers,
+                                         pin_memory=device.type == "cuda", persistent_workers=False)
+    bar = pass_bar(progress, count, state["done"], "extracting latents")
     open_shard = None  # (index, mean memmap, std memmap)
-    t0 = time.perf_counter()
     try:
         for indices, (x, _, ok) in zip(batches, loader):
             shard = indices[0] // shard_size
@@ -234,11 +247,6 @@ def extract_latents(
     finally:
         if bar is not None:
             bar.close()
-    state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - t0
-    if state["done"] < count:
-        write_json(out_dir / STATE, state)
-        return {**state, "complete": False}
-    return _finish(out_dir, state, np.asarray(images.targets, dtype=np.int64))
 
 
 # Settings that must agree for a resumed extraction to continue the same one.
@@ -365,8 +373,5 @@ def _finish(out_dir: Path, state: dict, labels: np.ndarray) -> dict:
         skipped=[int(i) for i in state["failed"]],
         labels_sha256=sha256_file(out_dir / "labels.npy"),
         valid_sha256=sha256_file(out_dir / "valid.npy"),
-        finished=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-    write_json(out_dir / MANIFEST, manifest)
-    (out_dir / STATE).unlink(missing_ok=True)
-    return {**manifest, "complete": True}
+    return publish_manifest(out_dir, manifest)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .store import read_manifest, sha256_file, write_json
+from .store import end_pass, pass_bar, publish_manifest, read_manifest, sha256_file, write_json
 
 FORMAT = "dit-teacher-features"
 MANIFEST = "manifest.json"
@@ -86,11 +86,7 @@ def extract_features(latents_dir: str | os.PathLike, teacher="dinov2-vitb14", *,
     # batches end at multiples of batch_size and at shard ends: a resumed run encodes the same batches
     bounds = sorted({*range(0, count, batch_size), *range(0, count, shard_size), state["done"], count})
     batches = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if lo >= state["done"]][:max_batches]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=count, initial=state["done"], unit="img", desc=f"features ({name})")
+    bar = pass_bar(progress, count, state["done"], f"features ({name})")
     t0 = time.perf_counter()
     try:
         for lo, hi in batches:
@@ -115,15 +111,7 @@ def extract_features(latents_dir: str | os.PathLike, teacher="dinov2-vitb14", *,
     finally:
         if bar is not None:
             bar.close()
-    state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - t0
-    if state["done"] < count:
-        write_json(out / STATE, state)
-        return {**state, "complete": False}
-    manifest = {k: v for k, v in state.items() if k != "done"}
-    manifest["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    write_json(out / MANIFEST, manifest)
-    (out / STATE).unlink(missing_ok=True)
-    return {**manifest, "complete": True}
+    return end_pass(out, state, count, t0) or publish_manifest(out, {k: v for k, v in state.items() if k != "done"})
 
 
 def _load(images, index: int) -> torch.Tensor:

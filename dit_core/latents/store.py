@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,34 @@ def sha256_file(path: str | os.PathLike, chunk: int = 16 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def pass_bar(progress: bool, count: int, done: int, desc: str):
+    """The progress bar of an extraction pass (None without ``progress``); close it when the pass ends."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=count, initial=done, unit="img", desc=desc, dynamic_ncols=True)
+
+
+def end_pass(out_dir: Path, state: dict, count: int, started: float) -> dict | None:
+    """After an extraction pass (latents or teacher features) begun at ``time.perf_counter()`` ``started``: its
+    time is added to ``state``; a pass that stopped early saves ``state`` (the next one resumes there) and
+    returns it marked incomplete; a finished one returns None (the caller writes the manifest)."""
+    state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - started
+    if state["done"] < count:
+        write_json(out_dir / STATE, state)
+        return {**state, "complete": False}
+    return None
+
+
+def publish_manifest(out_dir: Path, manifest: dict) -> dict:
+    """Write the finished extraction's manifest, remove its progress state; returns it marked complete."""
+    manifest["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_json(out_dir / MANIFEST, manifest)
+    (out_dir / STATE).unlink(missing_ok=True)
+    return {**manifest, "complete": True}
 
 
 def shard_names(index: int) -> tuple[str, str]:
