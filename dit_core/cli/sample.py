@@ -177,37 +177,19 @@ def main(argv=None) -> int:
     problem = _check_arguments(args)
     if problem:
         return _fail(problem)
-    import time
-
-    import numpy as np
-    import torch
-
-    from dit_core.diffusion import process_of
-    from dit_core.runtime import DTYPES, resolve_device, resolve_precision, set_tf32, set_threads
-    from dit_core.sample import generate, load_model, save_grid, to_uint8
-    from dit_core.sample.shards import SampleRunError, fingerprint, sample_to_npz
+    from dit_core.runtime import resolve_precision, set_tf32, set_threads
+    from dit_core.sample import load_model
+    from dit_core.sample.shards import SampleRunError
 
     set_threads()
     world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     try:
-        device = resolve_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
-    except ValueError as err:
-        return _fail(str(err))
-    if world_size > 1:
-        import torch.distributed as dist
-
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    try:
+        device = _start_processes(args.device, world_size)
         model, info = load_model(args.ckpt, device=device)
-    except (FileNotFoundError, ValueError) as err:
-        return _fail(str(err))
-    try:
         settings, notes = _settings(args, info, model)
         amp = resolve_precision(settings["precision"], device)
         labels, how = _labels(args, model, info)
-    except ValueError as err:
+    except (FileNotFoundError, ValueError) as err:
         return _fail(str(err))
     if args.official and device.type == "cuda":
         set_tf32(True)  # sample_ddp.py: "By default, use TF32 matmuls"
@@ -216,89 +198,150 @@ def main(argv=None) -> int:
     if rank == 0:
         for note in notes:
             print(f"dit-sample: {note}", file=sys.stderr)
-
-    vae, vae_precision = None, None
-    if info.get("space") == "latent":
-        from dit_core.vae import VAENotFoundError, load_vae
-
-        # the decoder in the VAE's precision: fp16 on a GPU, fp32 elsewhere and in the official mode
-        vae_precision = "fp32" if args.official else resolve_precision("auto", device, "vae")
-        try:
-            vae = load_vae(settings["vae"], device=device, dtype=DTYPES[vae_precision])
-        except (VAENotFoundError, OSError, ValueError) as err:
-            return _fail(f"this is a latent model and its VAE cannot be loaded: {err}")
-    # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
-    diffusion = process_of(info, model.learn_sigma)
+    try:
+        vae, vae_precision = _decoder(info, settings, args.official, device)
+    except ValueError as err:
+        return _fail(str(err))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
     options = dict(cfg_scale=settings["cfg_scale"], sampler=settings["sampler"],
                    steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp,
                    device=device, batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
-    names = info.get("label_names")
-    n = len(labels)
-    summary = dict(ckpt=str(args.ckpt), kind=info.get("kind"), official=bool(args.official), images=n, **how,
-                   sampler=settings["sampler"], steps=settings["steps"], cfg_scale=settings["cfg_scale"],
+    summary = dict(ckpt=str(args.ckpt), kind=info.get("kind"), official=bool(args.official), images=len(labels),
+                   **how, sampler=settings["sampler"], steps=settings["steps"], cfg_scale=settings["cfg_scale"],
                    guidance_channels=settings["guidance_channels"], eta=args.eta, seed=args.seed, precision=amp,
                    vae=settings["vae"], device=str(device), batch_size=batch_size)
-    if how["labels"] != "classes" or n > 64:
+    if how["labels"] != "classes" or len(labels) > 64:
         summary["classes"] = None if how["classes"] is None else f"{len(how['classes'])} classes"
-
     try:
         if args.npz:
-            def sample_fn(batch_labels, first_seed, tick):
-                images = generate(model, diffusion, [int(c) for c in batch_labels], seed=first_seed, progress=False,
-                                  callback=lambda i: tick(len(i["x"]) / i["num_steps"]), **options)
-                return to_uint8(images)
-
-            run_settings = dict(
-                {k: v for k, v in summary.items() if k not in ("ckpt", "images", "kind", "classes", "official")},
-                ckpt=str(info.get("path", args.ckpt)), ckpt_fingerprint=fingerprint(info.get("path", args.ckpt)),
-                classes=how["classes"], vae_precision=vae_precision,
-                tf32=bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None,
-                noise_schedule=info.get("noise_schedule", "linear"), diffusion_steps=info.get("diffusion_steps", 1000),
-            )
-            barrier = None
-            if world_size > 1:
-                import torch.distributed as dist
-
-                barrier = dist.barrier
-            result = sample_to_npz(args.npz, sample_fn, run_settings, np.asarray(labels, np.int64),
-                                   shard_size=args.shard_size or batch_size, rank=rank, world_size=world_size,
-                                   barrier=barrier, progress=not args.no_progress, keep_shards=args.keep_shards)
-            seconds, sampled = result["seconds"], result["sampled"]
-            summary.update(npz=result["npz"], images_sampled=sampled, images_resumed=result["resumed"],
-                           processes=world_size)
-            if result.get("already_complete"):
-                summary["note"] = "already complete with these settings: nothing sampled"
-            images = None
-            if args.grid and rank == 0:
-                from dit_core.eval.samples import iter_images
-
-                head = next(iter_images(args.npz, chunk=100))
-                images = torch.from_numpy(head.copy()).permute(0, 3, 1, 2).float() / 127.5 - 1
+            images, seconds, sampled = _sample_npz(args, model, info, labels, how, options, summary, vae_precision,
+                                                   rank, world_size)
         else:
-            start = time.perf_counter()
-            images = generate(model, diffusion, labels, seed=args.seed, progress=not args.no_progress, **options)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds, sampled = time.perf_counter() - start, n
+            images, seconds, sampled = _sample_grid(args, model, info, labels, options)
     except SampleRunError as err:
         return _fail(str(err), 1)
     except ValueError as err:
         return _fail(str(err))
     finally:
-        if world_size > 1:
-            import torch.distributed as dist
+        _end_processes(world_size)
+    if rank == 0:
+        _report(args, summary, images, labels, info, how, seconds, sampled)
+    return 0
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
-    if rank != 0:
-        return 0
 
+def _start_processes(device: str, world_size: int):
+    """The device of this process; under torchrun (``world_size`` > 1) the process group joined."""
+    import torch
+
+    from dit_core.runtime import resolve_device
+
+    device = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
+    if world_size > 1:
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def _end_processes(world_size: int) -> None:
+    if world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _decoder(info: dict, settings: dict, official: bool, device):
+    """``(vae, its precision)`` for a latent model (``(None, None)`` in pixel space): the decoder in the VAE's
+    precision, fp16 on a GPU, fp32 elsewhere and in the official mode."""
+    if info.get("space") != "latent":
+        return None, None
+    from dit_core.runtime import DTYPES, resolve_precision
+    from dit_core.vae import VAENotFoundError, load_vae
+
+    vae_precision = "fp32" if official else resolve_precision("auto", device, "vae")
+    try:
+        return load_vae(settings["vae"], device=device, dtype=DTYPES[vae_precision]), vae_precision
+    except (VAENotFoundError, OSError, ValueError) as err:
+        raise ValueError(f"this is a latent model and its VAE cannot be loaded: {err}") from None
+
+
+def _sample_grid(args, model, info: dict, labels: list, options: dict):
+    """``(images, seconds, count)``: every sample in memory, timed (loading excluded)."""
+    import time
+
+    import torch
+
+    from dit_core.diffusion import process_of
+    from dit_core.sample import generate
+
+    # DiT's diffusion, or the linear interpolant of a flow model (sampled with euler, heun or euler-maruyama)
+    diffusion = process_of(info, model.learn_sigma)
+    start = time.perf_counter()
+    images = generate(model, diffusion, labels, seed=args.seed, progress=not args.no_progress, **options)
+    if options["device"].type == "cuda":
+        torch.cuda.synchronize()
+    return images, time.perf_counter() - start, len(labels)
+
+
+def _sample_npz(args, model, info: dict, labels: list, how: dict, options: dict, summary: dict, vae_precision,
+                rank: int, world_size: int):
+    """``(the first 100 images for a grid or None, seconds, count sampled now)``: the samples streamed into
+    ``--npz`` in shards, resumably, shared among the processes; ``summary`` gets what the run did."""
+    import numpy as np
+    import torch
+
+    from dit_core.diffusion import process_of
+    from dit_core.sample import generate, to_uint8
+    from dit_core.sample.shards import fingerprint, sample_to_npz
+
+    diffusion = process_of(info, model.learn_sigma)
+    device = options["device"]
+
+    def sample_fn(batch_labels, first_seed, tick):
+        images = generate(model, diffusion, [int(c) for c in batch_labels], seed=first_seed, progress=False,
+                          callback=lambda i: tick(len(i["x"]) / i["num_steps"]), **options)
+        return to_uint8(images)
+
+    run_settings = dict(
+        {k: v for k, v in summary.items() if k not in ("ckpt", "images", "kind", "classes", "official")},
+        ckpt=str(info.get("path", args.ckpt)), ckpt_fingerprint=fingerprint(info.get("path", args.ckpt)),
+        classes=how["classes"], vae_precision=vae_precision,
+        tf32=bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None,
+        noise_schedule=info.get("noise_schedule", "linear"), diffusion_steps=info.get("diffusion_steps", 1000),
+    )
+    barrier = None
+    if world_size > 1:
+        import torch.distributed as dist
+
+        barrier = dist.barrier
+    result = sample_to_npz(args.npz, sample_fn, run_settings, np.asarray(labels, np.int64),
+                           shard_size=args.shard_size or options["batch_size"], rank=rank, world_size=world_size,
+                           barrier=barrier, progress=not args.no_progress, keep_shards=args.keep_shards)
+    summary.update(npz=result["npz"], images_sampled=result["sampled"], images_resumed=result["resumed"],
+                   processes=world_size)
+    if result.get("already_complete"):
+        summary["note"] = "already complete with these settings: nothing sampled"
+    images = None
+    if args.grid and rank == 0:
+        from dit_core.eval.samples import iter_images
+
+        head = next(iter_images(args.npz, chunk=100))
+        images = torch.from_numpy(head.copy()).permute(0, 3, 1, 2).float() / 127.5 - 1
+    return images, result["seconds"], result["sampled"]
+
+
+def _report(args, summary: dict, images, labels: list, info: dict, how: dict, seconds: float, sampled: int) -> None:
+    """Write the grid, then print the summary (JSON with ``--json``) with the images/s of the sampling."""
     summary.update(seconds=round(seconds, 3),
                    images_per_second=round(sampled / seconds, 3) if seconds > 0 and sampled else None)
     if args.grid and images is not None:
-        shown_labels = [int(c) for c in labels[: len(images)]]
-        shown = [names[c] if names and c < len(names) else str(c) for c in shown_labels]
+        from dit_core.sample import save_grid
+
+        names = info.get("label_names")
+        shown = [names[c] if names and c < len(names) else str(c) for c in (int(c) for c in labels[: len(images)])]
         nrow = how["per_class"] if how["per_class"] and len(how["classes"]) > 1 else None
         save_grid(images, args.grid, nrow=nrow, labels=shown)
         summary["grid"] = args.grid
@@ -311,16 +354,15 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not sampled and summary.get("npz"):
-        print(f"{summary['npz']}: all {n} images were sampled before with these settings; nothing to do")
+        print(f"{summary['npz']}: all {len(labels)} images were sampled before with these settings; nothing to do")
     else:
         what = f"{sampled} images" + (f" (+{summary['images_resumed']} from before)"
                                       if summary.get("images_resumed") else "")
-        print(f"{what} ({settings['sampler']}, {settings['steps']} steps, cfg {settings['cfg_scale']}, {amp}, {device}) "
-              f"in {seconds:.2f} s: {summary['images_per_second']} images/s" + "".join(
-                  f"; {k} -> {summary[k]}" for k in ("grid", "npz") if k in summary))
+        print(f"{what} ({summary['sampler']}, {summary['steps']} steps, cfg {summary['cfg_scale']}, "
+              f"{summary['precision']}, {summary['device']}) in {seconds:.2f} s: {summary['images_per_second']} "
+              "images/s" + "".join(f"; {k} -> {summary[k]}" for k in ("grid", "npz") if k in summary))
         if "note" in summary:
             print(f"note: {summary['note']}")
-    return 0
 
 
 if __name__ == "__main__":
