@@ -50,10 +50,11 @@ BOOK_ARGS ?=
 SETUP_KEY := $(shell cksum pyproject.toml 2>/dev/null | cut -d' ' -f1)
 SETUP_STAMP := $(ENV_PREFIX)/.dit-core-setup-$(SETUP_KEY)
 
-# Offline HTML: MathJax, RequireJS and the ipywidgets HTML manager come from npm into .vendor/
-# (not committed); _config.yml copies .vendor/static into the built HTML's _static/.
+# Offline HTML: MathJax, RequireJS, the ipywidgets HTML manager and ONNX Runtime Web (chapter 7's live sampler)
+# come from npm into .vendor/ (not committed); _config.yml copies .vendor/static into the built HTML's _static/.
 VENDOR := .vendor
-NPM_PACKAGES := mathjax@3.2.2 @jupyter-widgets/html-manager@1.0.15 requirejs@2.3.8 font-awesome@4.7.0
+NPM_PACKAGES := mathjax@3.2.2 @jupyter-widgets/html-manager@1.0.15 requirejs@2.3.8 font-awesome@4.7.0 \
+  onnxruntime-web@1.31.1
 VENDOR_STAMP := $(VENDOR)/.complete-$(shell echo '$(NPM_PACKAGES)' | cksum | cut -d' ' -f1)
 
 .PHONY: help setup test smoke book vendor clean distclean book-smoke browser-test nbval gpu-wheels
@@ -126,6 +127,14 @@ $(VENDOR_STAMP):
 	cp $(VENDOR)/node_modules/requirejs/require.js $(VENDOR)/static/vendor/require.js
 	mkdir -p $(VENDOR)/static/vendor/font-awesome  # Font Awesome 4, for matplotlib's animation player (book/_ext)
 	cp -R $(VENDOR)/node_modules/font-awesome/css $(VENDOR)/node_modules/font-awesome/fonts $(VENDOR)/static/vendor/font-awesome/
+	# ONNX Runtime Web (MIT), its CPU (wasm) build only: a page opened from disk may neither fetch the .wasm nor import
+	# the .mjs, so both travel gzipped and base64-encoded inside a classic script (book/_ext/static/dit_live.js).
+	mkdir -p $(VENDOR)/static/vendor/onnxruntime-web
+	cp $(VENDOR)/node_modules/onnxruntime-web/dist/ort.wasm.min.js $(VENDOR)/static/vendor/onnxruntime-web/
+	ort=$(VENDOR)/node_modules/onnxruntime-web/dist/ort-wasm-simd-threaded; { \
+	  printf 'window.ditOrtWasm = {mjs: "'; gzip -9 -n -c $$ort.mjs | base64 | tr -d '\n'; \
+	  printf '", wasm: "'; gzip -9 -n -c $$ort.wasm | base64 | tr -d '\n'; printf '"};\n'; \
+	} > $(VENDOR)/static/vendor/onnxruntime-web/ort-wasm-inline.js
 	touch $@
 
 $(SMOKE_DIR)/%.smoke.ipynb: book/%.ipynb $(LIBRARY_SOURCES) | setup

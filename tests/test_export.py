@@ -45,9 +45,20 @@ def tiny_dit(seed=0, **kwargs) -> DiT:
 
 
 @pytest.fixture(scope="module")
-def exported():
-    model = tiny_dit()
-    return model, export_onnx(model)
+def widget():
+    """One export for the module (about 8 s of CPU): the live sampler of a tiny model, whose bundle holds the file."""
+    from dit_book.browser import live_sampler
+
+    model = tiny_dit(seed=3)
+    diffusion = create_diffusion("", noise_schedule="squaredcos_cap_v2")
+    return model, diffusion, live_sampler(model, diffusion, steps=20, cfg_scale=2.0,
+                                          label_names=[f"d{i}" for i in range(10)])
+
+
+@pytest.fixture(scope="module")
+def exported(widget):
+    model, _, sampler = widget
+    return model, gzip.decompress(base64.b64decode(sampler.bundle["onnx"]))
 
 
 # ------------------------------------------------------------------------------------------------ the ONNX file
@@ -126,7 +137,8 @@ def sample_with_tables(model, tables, labels, cfg_scale, seed):
             if cfg_scale == 1:
                 out = model(x, t, y)
             else:
-                both = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, model.num_classes)]))
+                null = torch.full_like(y, model.num_classes)
+                both = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]))
                 cond, uncond = both[:n], both[n:]
                 out = torch.cat([uncond[:, :c] + cfg_scale * (cond[:, :c] - uncond[:, :c]), cond[:, c:]], dim=1)
         eps, v = out[:, :c], out[:, c:]
@@ -185,12 +197,8 @@ def load_extension():
 
 @pytest.mark.slow
 @needs_exporter
-def test_live_sampler_carries_the_model_into_the_built_book(tmp_path):
-    from dit_book.browser import live_sampler
-
-    model = tiny_dit(seed=3)
-    diffusion = create_diffusion("", noise_schedule="squaredcos_cap_v2")
-    widget = live_sampler(model, diffusion, steps=20, cfg_scale=2.0, label_names=[f"d{i}" for i in range(10)])
+def test_live_sampler_carries_the_model_into_the_built_book(widget, tmp_path):
+    model, diffusion, widget = widget
     markup = widget._repr_html_()
     assert 'class="dit-live" data-dit-live="digits"' in markup and widget.sizes["shipped"] < 2 * widget.sizes["onnx"]
     assert "20" in [str(s) for s in widget.meta["steps"]["ddim"]]  # the chosen step count is offered
@@ -230,3 +238,23 @@ def test_live_sampler_refuses_what_the_page_cannot_show():
     with pytest.raises(ValueError, match="label_names has 3 names"):
         live_sampler(tiny_dit(), label_names=["a", "b", "c"])
 
+
+
+@pytest.mark.slow
+@needs_exporter
+def test_a_page_of_its_own(widget, tmp_path):
+    """write_page lays out what the book's build would: the page, the sampler's script, the runtime and the model."""
+    from dit_book.browser import read_built_model, write_page
+
+    runtime = REPO_ROOT / ".vendor" / "static" / "vendor" / "onnxruntime-web"
+    if not (runtime / "ort-wasm-inline.js").is_file():
+        pytest.skip("no vendored ONNX Runtime Web: make vendor")
+    model, _, sampler = widget
+    page = write_page(sampler, tmp_path / "site")
+    text = page.read_text()
+    assert 'data-dit-live="digits"' in text and "vnd.dit-live+json" not in text and "_static/dit_live.js" in text
+    for name in ("dit_live.js", "vendor/onnxruntime-web/ort.wasm.min.js", "vendor/onnxruntime-web/ort-wasm-inline.js"):
+        assert (page.parent / "_static" / name).is_file(), name
+    rebuilt, diffusion, bundle = read_built_model(page.parent / "_static" / "dit-live" / "digits.js")
+    assert torch.equal(rebuilt.final_layer.linear.weight, model.final_layer.linear.weight)
+    assert diffusion.num_timesteps == 1000 and bundle["defaults"]["steps"] == 20

@@ -12,6 +12,11 @@
 * Some notebook outputs link stylesheets from a CDN: matplotlib's ``FuncAnimation.to_jshtml()`` (chapter 7)
   adds Font Awesome 4 from maxcdn for its player buttons. :func:`use_vendored_css` points such links at the
   copy that ``make vendor`` installs from npm (``_static/vendor/font-awesome``), so no page asks another host.
+* A live sampler (:func:`dit_book.browser.live_sampler`, chapter 7) leaves its model in the cell output, inside a
+  ``<script type="application/vnd.dit-live+json" data-dit-live="NAME">``. :func:`move_live_models` writes it to
+  ``_static/dit-live/NAME.js`` (a classic script, which a page opened from disk may load, unlike a fetched file),
+  removes it from the page, so that the page stays light until the reader presses *Sample*, and adds
+  ``static/dit_live.js`` (the widget and the sampling loop) to every page that shows a live sampler.
 
 The browser test (tests/test_browser.py) fails on any console error and any request to another host, so
 removing this extension shows there.
@@ -21,6 +26,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+#: The model of a live sampler in a cell output (dit_book.browser.BUNDLE_TYPE), and its widget.
+LIVE_MODEL = re.compile(
+    r'<script type="application/vnd\.dit-live\+json" data-dit-live="([A-Za-z0-9_-]+)">(.*?)</script>', re.DOTALL)
+LIVE_WIDGET = re.compile(r'<div class="dit-live" data-dit-live="')
 
 #: Stylesheets that notebook outputs link from a CDN -> the vendored copy under _static/ (see the Makefile).
 VENDORED_CSS = {
@@ -53,6 +63,23 @@ def use_vendored_css(app, pagename, templatename, context, doctree) -> None:
     context["body"] = body
 
 
+def move_live_models(app, pagename, templatename, context, doctree) -> None:
+    body = context.get("body")
+    if not body or not LIVE_WIDGET.search(body):
+        return
+    folder = Path(app.outdir) / "_static" / "dit-live"
+
+    def write(match):
+        folder.mkdir(parents=True, exist_ok=True)
+        name, bundle = match.group(1), match.group(2)
+        (folder / f"{name}.js").write_text(
+            f"(window.ditLiveModels = window.ditLiveModels || {{}})[{name!r}] = {bundle};\n", encoding="utf-8")
+        return ""
+
+    context["body"] = LIVE_MODEL.sub(write, body)
+    app.add_js_file("dit_live.js")  # for this page only (called in html-page-context)
+
+
 def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> None:
     scripts = context.get("script_files")
     if not scripts:
@@ -72,5 +99,6 @@ def setup(app):
     app.connect("config-inited", set_default_mode)
     app.connect("config-inited", add_static_folder)
     app.connect("html-page-context", use_vendored_css)
+    app.connect("html-page-context", move_live_models)
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
