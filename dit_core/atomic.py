@@ -142,3 +142,27 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], object], binary:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically."""
     return atomic_write(path, lambda f: f.write(text), binary=False, size_hint=len(text.encode()))
+
+
+def replace_dir(tmp: str | os.PathLike, out_dir: str | os.PathLike, same: Callable[[Path], bool]) -> None:
+    """Rename the finished folder ``tmp`` to ``out_dir`` (a rename: readers see the old folder or the new one,
+    never half), moving an older ``out_dir`` aside first and removing it afterwards. When another process put
+    its own folder in place first, that one is kept if ``same(out_dir)`` says it holds the same result; else the
+    rename's error is raised."""
+    tmp, out_dir = Path(tmp), Path(out_dir)
+    old = None
+    if out_dir.exists() and any(out_dir.iterdir()):  # an older generation: moved aside, removed at the end
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+    elif out_dir.exists():
+        try:
+            out_dir.rmdir()
+        except OSError:  # another process got there first; the rename below decides
+            pass
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if not same(out_dir):  # someone else finished first with the same result: fine
+            raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..atomic import replace_dir
+
 MANIFEST = "digits.json"
 FORMAT_VERSION = 1
 
@@ -100,7 +102,7 @@ def export_digits(
             "total": int(len(labels)),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _move_into_place(tmp, out_dir, params)
+        replace_dir(tmp, out_dir, lambda found: _matches(found, params))
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -113,22 +115,3 @@ def _matches(out_dir: Path, params: dict) -> bool:
     except (OSError, ValueError):
         return False
     return manifest.get("format_version") == FORMAT_VERSION and all(manifest.get(k) == v for k, v in params.items())
-
-
-def _move_into_place(tmp: Path, out_dir: Path, params: dict) -> None:
-    old = None
-    if out_dir.exists() and any(out_dir.iterdir()):  # overwrite=True: move the old export aside first
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    elif out_dir.exists():
-        try:
-            out_dir.rmdir()
-        except OSError:  # another process got there first; the rename below decides
-            pass
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if not _matches(out_dir, params):  # someone else finished first with the same parameters: fine
-            raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ..atomic import atomic_write_text
+from ..atomic import atomic_write_text, replace_dir
 
 #: Every shape this module can draw, in a fixed order: the order seeds the images, never change it.
 SHAPES = ("circle", "square", "triangle", "star", "cross")
@@ -256,7 +256,7 @@ def generate_shapes(
             "total": per_class * len(classes),
         }
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-        _move_into_place(tmp, out_dir, params)
+        replace_dir(tmp, out_dir, lambda found: _matches(found, params))
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -318,29 +318,9 @@ def _differences(out_dir: Path, params: dict) -> str:
     return "; ".join(diffs) or f"format version {manifest.get('format_version')}, not {FORMAT_VERSION}"
 
 
-def _move_into_place(tmp: Path, out_dir: Path, params: dict) -> None:
-    """Rename the finished temporary folder to ``out_dir`` (moving an older generation aside first)."""
-    old = None
-    if out_dir.exists() and any(out_dir.iterdir()):
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    elif out_dir.exists():
-        try:
-            out_dir.rmdir()
-        except OSError:
-            pass
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if not _matches(out_dir, params):  # another process finished first with the same parameters: fine
-            raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def main(argv=None) -> int:
     """``python -m dit_core.data.shapes OUT [--per-class 300] [--classes circle,square,triangle] [--seed 0]``
-    (the lead wires it into ``dit-data shapes OUT``)."""
+    (the same as ``dit-data shapes OUT``)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="dit-data shapes", description="write a folder of coloured shapes (an "
