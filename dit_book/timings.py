@@ -378,10 +378,13 @@ def render_intro(text: str, data: dict | None = None) -> str:
 
 
 def update_intro(path: str | os.PathLike = INTRO, data: dict | None = None) -> bool:
-    """Rewrite the time cells of the introduction's chapter table from the timings file; True if it changed."""
+    """Rewrite the time cells of the introduction's chapter table, and its route table (:mod:`dit_book.routes`),
+    from the timings file; True if it changed."""
+    from .routes import render_routes
+
     path = Path(path)
     before = path.read_text()
-    after = render_intro(before, data)
+    after = render_routes(render_intro(before, data), data)
     if after != before:
         path.write_text(after)
     return after != before

@@ -240,3 +240,44 @@ def test_render_intro_rewrites_only_the_time_columns():
     diff = [(a, b) for a, b in zip(text.splitlines(), out.splitlines()) if a != b]
     assert len(diff) == 2 and "04_diffusion.ipynb" in diff[0][1] and "| 1.2 min |" in diff[0][1]
     assert "**all**" in diff[1][1]
+
+
+# ------------------------------------------------------------------------------------------------ the routes
+from dit_book import routes  # noqa: E402
+
+
+def test_the_route_table_is_generated_from_the_same_sources():
+    """The route by hardware is :mod:`dit_book.routes`' rendering of book/_timings.json and dit_book.track: a
+    laptop, 12 GB, 24 GB and 40-80 GB, each GPU time called an estimate until a GPU measures it."""
+    text = INTRO.read_text()
+    assert routes.BEGIN in text and routes.END in text, "book/intro.md: the route table's markers are missing"
+    data = timings.load(TIMINGS)
+    assert routes.render_routes(text, data) == text, (
+        "book/intro.md: the route table is not dit_book.routes' rendering; run `python -m dit_book timings intro`")
+    rows = [r for r in text.split(routes.BEGIN, 1)[1].split(routes.END, 1)[0].splitlines() if r.startswith("| ")][1:]
+    hardware = [r.strip("|").split("|")[0].strip() for r in rows]
+    assert [h.split(":")[0] for h in hardware] == ["a laptop, no GPU", "12 GB", "24 GB", "40-80 GB"]
+    for row in rows[1:]:
+        assert ("estimate" in row) == any(not routes.chapter_seconds(s, c, data)[1] for r in routes.ROUTES
+                                          for c in r.cards if row.split("|")[1].strip().startswith(r.hardware)
+                                          for s in _chapters())
+
+
+def test_the_routes_agree_with_the_chapter_table():
+    """The laptop's time is the chapter table's CPU total; the RTX 4090 of the 24 GB route is the chapter table's
+    card, so its time is the table's GPU total."""
+    data = timings.load(TIMINGS)
+    stems = _chapters()
+    assert routes.toc_stems() == stems
+    cpu_total, gpu_total = timings.intro_total(stems, data)
+    laptop = routes.table(stems, data).splitlines()[2]
+    assert cpu_total.split(" of ")[0] in laptop
+    card = next(c for r in routes.ROUTES for c in r.cards if c == timings.ESTIMATE_CARD)
+    total = sum(routes.chapter_seconds(s, card, data)[0] for s in stems)
+    assert f"~{total / 60:.0f} min" == gpu_total.split(" (")[0]
+    # a chapter measured on a card counts as measured there, and only there
+    measured = {"chapters": {**data["chapters"], "07_sampling": {**data["chapters"].get("07_sampling", {}), "gpu": {
+        "seconds": 600.0, "date": "2027-01-01", "commit": "abc1234", "machine": "AMD EPYC, 16 cores, NVIDIA H100 SXM",
+        "how": "`make book`"}}}}
+    assert routes.chapter_seconds("07_sampling", "NVIDIA H100 SXM", measured) == (600.0, True)
+    assert routes.chapter_seconds("07_sampling", "NVIDIA A100", measured)[1] is False
