@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .fid import frechet_distance_features
+from .fid import distance_to_real, sample_labels
 from .samples import to_float_images
 
 
@@ -54,23 +54,11 @@ def score(images, labels, judge, reference: str = "train") -> dict:
     ``labels``: the class each was sampled for, or None to skip the accuracy.
     """
     x = to_float_images(images)
-    feats = judge.features(x)
-    ref_images, _ = judge.real_images(reference)
-    ref_feats = judge.features(ref_images)
-    out = {
-        "frechet_distance": frechet_distance_features(feats, ref_feats),
-        "num_samples": len(x),
-        "classifier_val_accuracy": float(judge.val_accuracy),
-    }
-    if reference == "train":
-        val, _ = judge.real_images("val")
-        if len(x) < len(val):  # a floor with as many images as the samples (the distance's bias is size-bound)
-            val = val[np.random.default_rng(0).choice(len(val), max(len(x), 2), replace=False)]
-        out["real_floor"] = frechet_distance_features(judge.features(val), ref_feats)
+    out = distance_to_real(judge.features, x, judge.real_images(reference)[0],
+                           judge.real_images("val")[0] if reference == "train" else None)
+    out = {"classifier_val_accuracy": float(judge.val_accuracy), **out}
     if labels is not None:
-        labels = np.asarray(torch.as_tensor(labels).cpu()).reshape(-1)
-        if len(labels) != len(x):
-            raise ValueError(f"{len(x)} images but {len(labels)} labels")
+        labels = sample_labels(labels, len(x))
         predicted = np.asarray(judge.predict(x))
 
         def per_class(right):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .fid import frechet_distance_features
+from .fid import distance_to_real, sample_labels
 from .samples import to_float_images
 
 
@@ -143,23 +143,11 @@ def digits_metrics(images, labels=None, reference: str = "train") -> dict:
     """
     x = to_float_images(images)
     clf = classifier()
-    feats = clf.features(x)
-    ref_images, _ = load_real_digits(reference)
-    ref_feats = clf.features(ref_images)
-    out = {
-        "frechet_distance": frechet_distance_features(feats, ref_feats),
-        "num_samples": len(x),
-        "classifier_val_accuracy": clf.val_accuracy,
-    }
-    if reference == "train":
-        val = load_real_digits("val")[0]
-        if len(x) < len(val):
-            val = val[np.random.default_rng(0).choice(len(val), max(len(x), 2), replace=False)]
-        out["real_floor"] = frechet_distance_features(clf.features(val), ref_feats)
+    out = distance_to_real(clf.features, x, load_real_digits(reference)[0],
+                           load_real_digits("val")[0] if reference == "train" else None)
+    out = {"classifier_val_accuracy": clf.val_accuracy, **out}
     if labels is not None:
-        labels = np.asarray(torch.as_tensor(labels).cpu()).reshape(-1)
-        if len(labels) != len(x):
-            raise ValueError(f"{len(x)} images but {len(labels)} labels")
+        labels = sample_labels(labels, len(x))
         predicted = clf.predict(x)
         out["class_accuracy"] = float((predicted == labels).mean())
         out["per_class_accuracy"] = {int(c): float((predicted[labels == c] == c).mean()) for c in np.unique(labels)}

@@ -122,6 +122,30 @@ class RunningStatistics:
         return self.mean, self.scatter / (self.n - 1)
 
 
+def distance_to_real(features, samples, reference, validation=None) -> dict:
+    """The Fréchet distance of ``samples`` to the real ``reference`` images in a classifier's feature space
+    (``features``: images -> ``(N, D)``; the digits' and the shapes' scores), and, given real ``validation``
+    images, ``real_floor``: their distance to the same reference with as many images as the samples (a fixed
+    random subset when the samples are fewer; the distance of a small set is biased upwards), what a perfect
+    sampler would get."""
+    ref = features(reference)
+    out = {"frechet_distance": frechet_distance_features(features(samples), ref), "num_samples": len(samples)}
+    if validation is not None:
+        if len(samples) < len(validation):
+            pick = np.random.default_rng(0).choice(len(validation), max(len(samples), 2), replace=False)
+            validation = validation[pick]
+        out["real_floor"] = frechet_distance_features(features(validation), ref)
+    return out
+
+
+def sample_labels(labels, count: int) -> np.ndarray:
+    """The class each of ``count`` samples was drawn for, as a flat array (a clear error for another count)."""
+    labels = np.asarray(torch.as_tensor(labels).cpu()).reshape(-1)
+    if len(labels) != count:
+        raise ValueError(f"{count} images but {len(labels)} labels")
+    return labels
+
+
 def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray] | None:
     """``(mu, sigma)`` from an ``.npz`` holding them (ours or the ADM reference batches), else None."""
     path = Path(path)
