@@ -110,6 +110,19 @@ def _file_problem(path: Path, sha256: str, checksums: bool) -> str | None:
     return None
 
 
+def _checked_array(path: Path, sha256: str, checksums: bool, problems: list, mmap_mode=None):
+    """The array a manifest records in ``path``, or None with the reason added to ``problems`` (missing,
+    changed since it was written, unreadable)."""
+    problem = _file_problem(path, sha256, checksums)
+    if problem is None:
+        try:
+            return np.load(path, mmap_mode=mmap_mode)
+        except (ValueError, OSError) as err:
+            problem = f"{path.name}: unreadable ({err})"
+    problems.append(problem)
+    return None
+
+
 def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = True, chunk: int = 4096) -> list[str]:
     """Check a finished extraction; returns the problems found (an empty list means it is sound).
 
@@ -128,12 +141,9 @@ def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = Tr
     if len(m["shards"]) != expected_shards:
         problems.append(f"manifest lists {len(m['shards'])} shards, {expected_shards} expected for {count} images")
     for key in ("labels", "valid"):
-        path = out_dir / m[key]
-        problem = _file_problem(path, m[f"{key}_sha256"], checksums)
-        if problem:
-            problems.append(problem)
+        arr = _checked_array(out_dir / m[key], m[f"{key}_sha256"], checksums, problems)
+        if arr is None:
             continue
-        arr = np.load(path)
         if arr.shape != (count,):
             problems.append(f"{m[key]}: shape {arr.shape}, expected ({count},)")
         elif key == "labels" and count and (arr.min() < 0 or arr.max() >= m["num_classes"]):
@@ -143,15 +153,8 @@ def verify(out_dir: str | os.PathLike, checksums: bool = True, values: bool = Tr
     for rec in m["shards"]:
         rows = min(shard_size, count - rec["index"] * shard_size)
         for key in ("mean", "std"):
-            path = out_dir / rec[key]
-            problem = _file_problem(path, rec[f"{key}_sha256"], checksums)
-            if problem:
-                problems.append(problem)
-                continue
-            try:
-                arr = np.load(path, mmap_mode="r")
-            except (ValueError, OSError) as err:
-                problems.append(f"{rec[key]}: unreadable ({err})")
+            arr = _checked_array(out_dir / rec[key], rec[f"{key}_sha256"], checksums, problems, mmap_mode="r")
+            if arr is None:
                 continue
             if arr.shape != (rows, 2, *shape) or arr.dtype != np.dtype(m["storage_dtype"]):
                 expected = f"{(rows, 2, *shape)} {m['storage_dtype']}"
