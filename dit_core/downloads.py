@@ -241,6 +241,8 @@ def fetch(
 # ----------------------------------------------------------------------------------------------------------
 # The artifacts
 # ----------------------------------------------------------------------------------------------------------
+# Each function below spells out the same keywords of :func:`fetch` (a local file, download, cache, url,
+# progress) on purpose: a reader's call documents itself, and a typo is a TypeError, not a lost argument.
 
 
 def _check_tar(path: Path) -> None:

@@ -97,7 +97,7 @@ def _member_target(name: str) -> tuple[str, ...] | None:
     return None
 
 
-def prepare_imagenette(
+def prepare_imagenette(  # the archive's keywords are dit_core.downloads.imagenette_archive's, spelled out
     out: str | os.PathLike,
     archive: str | os.PathLike | None = None,
     download: bool = False,

@@ -51,7 +51,7 @@ class Anchor:
 #: autocast, fused attention, TF32, pre-extracted latents (benchmarks/results/nvidia-h200-dit-xl2.md explains the
 #: runs). Rows measured with the CUDA allocator capped at a smaller card's size are the configurations the book's
 #: profiles for those cards use.
-ANCHORS: dict[str, Anchor] = {
+ANCHORS: dict[str, Anchor] = {  # one measured row per anchor: the rows are alike in shape, as a table's are
     # The trainer's step at its fastest: every trick but checkpointing, batch 32, no accumulation (the ladder).
     "best-rung": Anchor(
         0.3155, 438.42, "32 x 1, no checkpointing (the ladder's fastest rung)",
