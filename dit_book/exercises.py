@@ -43,9 +43,9 @@ def _small_dit(input_size: int, patch_size: int, channels: int, learn_sigma: boo
     return model
 
 
-def _expect(check: str, hint: str, actual, expected):
+def _expect(check: str, hint: str, actual, expected, tolerance: dict = TOLERANCE):
     try:
-        assert_close(actual, expected, **TOLERANCE)
+        assert_close(actual, expected, **tolerance)
     except AssertionError as err:
         raise AssertionError(f"{check}: {hint}\n{err}") from None
 
@@ -146,3 +146,438 @@ def check_guidance(guided: Callable, *, scales=(1.0, 1.5, 4.0), seed: int = 0) -
             _expect(f"variance channels at scale {s}", "these come from the conditional pass, unguided",
                     mine[:, c:], reference[:, c:])
     return f"your guidance matches DiT.forward_with_cfg at scales {', '.join(f'{s:g}' for s in scales)}"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 3: DiT's own parts, written by the reader (dit_book.my_dit holds the chapter's solutions)
+# ------------------------------------------------------------------------------------------------------------
+
+#: Sinusoidal features at steps up to 999 in float32: equivalent ways of writing the frequencies (``exp`` of a
+#: logarithm, or a power) differ by an ulp of ``w_k``, which a step of 999 turns into ~1e-4 of angle.
+FEATURES_TOLERANCE = dict(rtol=0.0, atol=1e-3)
+#: The assembled model against ``dit_core``'s: fp32 round-off through a few blocks, and the timestep features'
+#: ~1e-4 (above) through the conditioning: 6e-7 at most with the frequencies written as a power. The chapter's
+#: solution gives the library's outputs bit for bit.
+MODEL_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+def _load(mine: torch.nn.Module, reference: torch.nn.Module, what: str, layout: str) -> None:
+    """Load ``reference``'s state dict into ``mine``, naming the tensors whose names or shapes differ."""
+    want, have = reference.state_dict(), mine.state_dict()
+    missing, extra = [k for k in want if k not in have], [k for k in have if k not in want]
+    shapes = [f"{k}: yours {tuple(have[k].shape)}, dit_core's {tuple(want[k].shape)}"
+              for k in want if k in have and have[k].shape != want[k].shape]
+    if missing or extra or shapes:
+        lines = [f"{what}: its parameters are not dit_core's (whose names and shapes are the official "
+                 f"checkpoints'); {layout}"]
+        for title, items in (("missing", missing), ("not in dit_core", extra), ("other shape", shapes)):
+            if items:
+                lines.append(f"  {title}: {', '.join(items[:6])}{' ...' if len(items) > 6 else ''}")
+        raise AssertionError("\n".join(lines))
+    mine.load_state_dict(want)
+
+
+def _randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
+    """Non-zero adaLN and final-layer weights, so that shift, scale and gate all matter."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "adaLN" in name or name.startswith(("linear.", "final_layer.linear")):
+                p.normal_(0, std)
+    return module
+
+
+def _shape(what: str, actual: torch.Tensor, expected: tuple, meaning: str) -> None:
+    if tuple(actual.shape) != tuple(expected):
+        raise AssertionError(f"{what} has shape {tuple(actual.shape)}; expected {tuple(expected)}: {meaning}")
+
+
+def check_timestep_embedder(timestep_embedding: Callable, TimestepEmbedder: type, *, seed: int = 0) -> str:
+    """Check ``timestep_embedding(t, dim) -> (N, dim)`` and the module ``TimestepEmbedder(hidden_size)``.
+
+    The features are DiT's: ``[cos(t w_k), sin(t w_k)]`` with ``w_k = 10000^(-k / (dim/2))``, ``k = 0 .. dim/2 - 1``,
+    cosines first (``dit_core.models.TimestepEmbedder.timestep_embedding``); the module feeds the 256 features
+    to an MLP named ``mlp``, ``Linear(256, D) -> SiLU -> Linear(D, D)``, whose weights are loaded from dit_core's.
+    """
+    from dit_core.models import TimestepEmbedder as Reference
+
+    t = torch.tensor([0.0, 1.0, 10.0, 250.0, 999.0, 0.5, 499.5])
+    for dim in (256, 8):
+        got = timestep_embedding(t, dim)
+        want = Reference.timestep_embedding(t, dim)
+        _shape(f"timestep_embedding(t, {dim}) for {len(t)} steps", got, want.shape, "(N, dim)")
+        half = dim // 2
+        swapped = torch.cat([want[:, half:], want[:, :half]], dim=1)
+        if torch.allclose(got.float(), swapped, **FEATURES_TOLERANCE):
+            raise AssertionError(f"timestep_embedding(t, {dim}): your features are [sin, cos]; DiT puts the "
+                                 "cosines first: [cos(t w_k), sin(t w_k)]")
+        try:
+            assert_close(got.float(), want, **FEATURES_TOLERANCE)
+        except AssertionError as err:
+            raise AssertionError(f"timestep_embedding(t, {dim}) at t = {t.tolist()}: the features are "
+                                 f"[cos(t w_k), sin(t w_k)] with w_k = 10000^(-k / {half}), k = 0 .. {half - 1}"
+                                 f"\n{err}") from None
+    steps = torch.tensor([0, 3, 999])  # the samplers and the training step pass integer steps
+    _expect("timestep_embedding of integer steps", "convert t to float before multiplying by the frequencies",
+            timestep_embedding(steps, 256).float(), Reference.timestep_embedding(steps, 256), FEATURES_TOLERANCE)
+
+    torch.manual_seed(seed)
+    reference = Reference(32)
+    mine = TimestepEmbedder(32)
+    _load(mine, reference, "TimestepEmbedder(32)",
+          "the MLP is mlp = nn.Sequential(nn.Linear(256, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size))")
+    with torch.no_grad():
+        got, want = mine(steps), reference(steps)
+    _shape("TimestepEmbedder(32)(t) for 3 steps", got, (3, 32), "(N, hidden_size)")
+    _expect("TimestepEmbedder(32)(t)", "the 256 sinusoidal features of t, then mlp (Linear, SiLU, Linear)", got, want,
+            FEATURES_TOLERANCE)
+    return "your timestep embedding matches dit_core's: the 256 sinusoidal features and the MLP after them"
+
+
+def check_label_embedder(LabelEmbedder: type, *, seed: int = 0) -> str:
+    """Check ``LabelEmbedder(num_classes, hidden_size, dropout_prob)``, called as ``embedder(y, drop=None)``.
+
+    Its table ``embedding_table`` has ``num_classes + 1`` rows: row ``num_classes`` is the null class. A label is
+    replaced by the null class where ``drop`` is True; with ``drop=None``, in training mode each label is dropped
+    with probability ``dropout_prob`` (0.1 in the paper), and in eval mode (sampling) none is. Compared with
+    ``dit_core.models.LabelEmbedder`` (its ``force_drop_ids``) after loading its table.
+    """
+    from dit_core.models import LabelEmbedder as Reference
+
+    torch.manual_seed(seed)
+    reference = Reference(10, 16, 0.1)
+    mine = LabelEmbedder(10, 16, 0.1)
+    _load(mine, reference, "LabelEmbedder(10, 16, 0.1)",
+          "the table is embedding_table = nn.Embedding(num_classes + 1, hidden_size): one row per class and a "
+          "last one, the null class")
+    mine.eval()
+    y = torch.tensor([0, 3, 9, 10, 5, 7])  # 10: the null class itself, as guidance asks for it
+    drop = torch.tensor([False, True, False, False, True, True])
+    with torch.no_grad():
+        _expect("eval mode, labels 0..10", "in eval mode (sampling) the embedding is the table's row of each label",
+                mine(y), reference(y, False))
+        _expect("eval mode with drop", "where drop is True the label becomes the null class, index num_classes",
+                mine(y, drop), reference(y, False, force_drop_ids=drop.long()))
+        many = torch.arange(10).repeat(2000)  # 20,000 labels, none of them the null class
+        null_row = reference.embedding_table.weight[10]
+        dropped_eval = (mine(many) == null_row).all(dim=1).float().mean().item()
+        if dropped_eval:
+            raise AssertionError(f"in eval mode {dropped_eval:.1%} of the labels were dropped: sampling drops none "
+                                 "(drop labels only in training mode, `self.training`)")
+        mine.train()
+        share = (mine(many) == null_row).all(dim=1).float().mean().item()
+    bound = 5 * (0.1 * 0.9 / len(many)) ** 0.5  # five standard errors of a share of 20,000 draws
+    if abs(share - 0.1) > bound:
+        raise AssertionError(f"in training mode {share:.1%} of 20,000 labels became the null class; expected "
+                             f"10 % (dropout_prob 0.1), within {bound:.1%}: drop each label with probability "
+                             "dropout_prob, e.g. torch.rand(N) < dropout_prob")
+    return (f"your label embedding matches dit_core's: the null class at index 10, the rows of the labels, "
+            f"dropped where asked and {share:.1%} of 20,000 labels dropped in training mode")
+
+
+def _zero_at_start(what: str, module: torch.nn.Module, names: tuple[str, ...], why: str) -> None:
+    nonzero = [k for k, v in module.state_dict().items() if k.startswith(names) and v.abs().max() > 0]
+    if nonzero:
+        raise AssertionError(f"{what} at initialisation: {', '.join(nonzero)} should start at zero; {why}")
+
+
+def check_dit_block(DiTBlock: type, *, seed: int = 0) -> str:
+    """Check ``DiTBlock(hidden_size, num_heads)``, called as ``block(x, c)`` with tokens ``x`` ``(N, T, D)`` and the
+    conditioning ``c`` ``(N, D)``: the adaLN-Zero block of ``dit_core.models.DiTBlock``.
+
+    ``adaLN_modulation = Sequential(SiLU, Linear(D, 6D))`` regresses, from ``c``, shift, scale and gate for the
+    attention and then for the MLP; each branch adds ``gate * branch(LN(x) (1 + scale) + shift)`` to ``x``. The
+    modulation's linear layer starts at zero, so a new block is the identity.
+    """
+    from dit_core.models import DiTBlock as Reference
+
+    torch.manual_seed(seed)
+    d = 32
+    mine = DiTBlock(d, 2)
+    gen = torch.Generator().manual_seed(seed)
+    x, c = torch.randn(3, 16, d, generator=gen), torch.randn(3, d, generator=gen)
+    zero_why = ("adaLN-Zero: the last Linear of adaLN_modulation starts with zero weight and bias, so every gate is "
+                "0 and a new block is the identity")
+    _zero_at_start("DiTBlock", mine, ("adaLN_modulation",), zero_why)
+    with torch.no_grad():
+        if not torch.equal(mine(x, c), x):
+            raise AssertionError(f"DiTBlock at initialisation: block(x, c) is not x; {zero_why}")
+    reference = _randomize(Reference(d, 2))
+    _load(mine, reference, f"DiTBlock({d}, 2)",
+          "norm1, attn (dit_core.attention.Attention), norm2, mlp (dit_core.models.Mlp) and "
+          "adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))")
+    modulate = "modulate(x, shift, scale) = x * (1 + scale) + shift, one shift and scale per image"
+    order = "adaLN_modulation(c).chunk(6, dim=1) gives shift, scale, gate for the attention, then for the MLP"
+    with torch.no_grad():
+        only_attention = {k: v.clone() for k, v in reference.state_dict().items()}
+        for k in ("adaLN_modulation.1.weight", "adaLN_modulation.1.bias"):
+            only_attention[k][5 * d:] = 0  # the MLP's gate at zero: the block is x + the attention branch
+        reference.load_state_dict(only_attention)
+        mine.load_state_dict(only_attention)
+        _expect("the attention branch (the MLP's gate at zero)",
+                f"x + gate * attn(modulate(norm1(x), shift, scale)); {order}; {modulate}", mine(x, c), reference(x, c))
+        reference = _randomize(reference)
+        mine.load_state_dict(reference.state_dict())
+        _expect("the whole block", f"then x + gate * mlp(modulate(norm2(x), shift, scale)), on the x that the "
+                f"attention branch returned; {order}", mine(x, c), reference(x, c))
+    return ("your adaLN-Zero block matches dit_core's DiTBlock: the identity at initialisation, then shift, scale "
+            "and gate on both branches")
+
+
+def check_final_layer(FinalLayer: type, *, seed: int = 0) -> str:
+    """Check ``FinalLayer(hidden_size, patch_size, out_channels)``, called as ``final(x, c)``: adaLN with a shift
+    and a scale (``adaLN_modulation = Sequential(SiLU, Linear(D, 2D))``, no gate), then ``linear`` from each token to
+    a ``p x p x C_out`` patch; both linear layers start at zero (``dit_core.models.FinalLayer``)."""
+    from dit_core.models import FinalLayer as Reference
+
+    torch.manual_seed(seed)
+    d, p, c_out = 32, 2, 6
+    mine = FinalLayer(d, p, c_out)
+    _zero_at_start("FinalLayer", mine, ("linear", "adaLN_modulation"),
+                   "DiT starts its final layer (linear and adaLN_modulation) at zero, so a new DiT predicts zero")
+    gen = torch.Generator().manual_seed(seed)
+    x, c = torch.randn(3, 16, d, generator=gen), torch.randn(3, d, generator=gen)
+    reference = _randomize(Reference(d, p, c_out))
+    _load(mine, reference, f"FinalLayer({d}, {p}, {c_out})",
+          "norm_final, linear = nn.Linear(hidden_size, p * p * out_channels) and "
+          "adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))")
+    with torch.no_grad():
+        got = mine(x, c)
+        _shape("final(x, c) for 16 tokens", got, (3, 16, p * p * c_out), "(N, T, p * p * out_channels)")
+        _expect("the final layer", "linear(modulate(norm_final(x), shift, scale)) with "
+                "adaLN_modulation(c).chunk(2, dim=1) = shift, scale", got, reference(x, c))
+    return "your final layer matches dit_core's FinalLayer: zero at initialisation, then adaLN and the linear map"
+
+
+def check_dit(DiT: type, *, seed: int = 0) -> str:
+    """Check the assembled model ``DiT(input_size, patch_size, in_channels, hidden_size, depth, num_heads,
+    num_classes=..., learn_sigma=...)``, called as ``model(x, t, y)``.
+
+    Two small configurations: a new model predicts zero (adaLN-Zero, the zero final layer); it loads the state
+    dict of ``dit_core.models.DiT`` as it is (the official checkpoints' names), and then gives that model's
+    outputs, null class included. Last, DiT-XL/2 built on the meta device (shapes only, no memory) has the
+    tensors of the official checkpoint, which ``dit_core``'s DiT-XL/2 loads (``tests/test_models.py``).
+    """
+    from dit_core.models import DiT as Reference, model_kwargs
+
+    configs = (dict(input_size=8, patch_size=2, in_channels=1, hidden_size=64, depth=2, num_heads=4, num_classes=10,
+                    learn_sigma=True),
+               dict(input_size=16, patch_size=4, in_channels=4, hidden_size=32, depth=1, num_heads=2, num_classes=5,
+                    learn_sigma=False))
+    largest = 0.0
+    for cfg in configs:
+        size, n, channels = cfg["input_size"], 4, cfg["in_channels"]
+        out_channels = 2 * channels if cfg["learn_sigma"] else channels
+        where = f"DiT({', '.join(f'{k}={v}' for k, v in cfg.items())})"
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, channels, size, size, generator=gen)
+        t = torch.tensor([0, 10, 500, 999])
+        y = torch.tensor([1, cfg["num_classes"], 3, 0])  # the null class too
+        torch.manual_seed(seed)
+        mine = DiT(**cfg).eval()
+        with torch.no_grad():
+            out = mine(x, t, y)
+        _shape(f"{where}(x, t, y)", out, (n, out_channels, size, size),
+               "(N, C_out, H, W): the noise prediction, then the variance channels with learn_sigma")
+        if out.abs().max() > 0:
+            raise AssertionError(f"{where}: a new model predicts {out.abs().max():.2e} somewhere, not zero: the "
+                                 "blocks are adaLN-Zero and the final layer starts at zero")
+        reference = _randomize(Reference(**cfg)).eval()
+        _load(mine, reference, where,
+              "x_embedder (PatchEmbed), t_embedder, y_embedder, pos_embed (a parameter that is not trained), "
+              "blocks (an nn.ModuleList of DiTBlock) and final_layer")
+        with torch.no_grad():
+            got, want = mine(x, t, y), reference(x, t, y)
+        _expect(f"{where}(x, t, y) with dit_core's weights", "tokens = x_embedder(x) + pos_embed; c = t_embedder(t) + "
+                "y_embedder(y); tokens = block(tokens, c) for every block; then unpatchify(final_layer(tokens, c))",
+                got, want, MODEL_TOLERANCE)
+        largest = max(largest, (got - want).abs().max().item())
+
+    xl = dict(model_kwargs("DiT-XL/2"), input_size=32, in_channels=4, num_classes=1000, learn_sigma=True)
+    with torch.device("meta"):
+        mine_xl, official = DiT(**xl), Reference(**xl)
+    want = {k: tuple(v.shape) for k, v in official.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in mine_xl.state_dict().items()}
+    if have != want:
+        wrong = sorted(set(want) ^ set(have)) + sorted(k for k in set(want) & set(have) if want[k] != have[k])
+        raise AssertionError(f"DiT-XL/2 ({xl}): {len(wrong)} tensors differ from the official checkpoint's, e.g. "
+                             f"{', '.join(wrong[:5])}")
+    count = sum(v.numel() for v in mine_xl.state_dict().values())
+    return (f"your DiT loads dit_core's weights and gives its outputs (largest difference {largest:.1e}) on "
+            f"{len(configs)} configurations; your DiT-XL/2 has the official checkpoint's {len(want)} tensors, "
+            f"{count:,} numbers")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 4: the forward process and the simple loss
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _alpha_bar(diffusion) -> torch.Tensor:
+    return torch.as_tensor(diffusion.schedule["alpha_bar"])  # float64, code index i holds the paper's t = i + 1
+
+
+def check_q_sample(q_sample: Callable, *, seed: int = 0) -> str:
+    """Check ``q_sample(x0, t, noise, alpha_bar) -> x_t``: ``sqrt(alpha_bar[t]) x0 + sqrt(1 - alpha_bar[t]) noise``
+    (DDPM eq. 4), each image at its own code index ``t`` (0 .. T-1), with ``alpha_bar`` the cumulative products
+    as a tensor (``torch.as_tensor(diffusion.schedule["alpha_bar"])``). Compared with
+    ``GaussianDiffusion.q_sample`` for DiT's linear schedule and the cosine one, on batches whose size equals the
+    image width (so that a per-image factor not shaped ``(N, 1, 1, 1)`` broadcasts, wrongly, over the columns)."""
+    from dit_core.diffusion import create_diffusion
+
+    gen = torch.Generator().manual_seed(seed)
+    for schedule in ("linear", "squaredcos_cap_v2"):
+        diffusion = create_diffusion("", noise_schedule=schedule)
+        alpha_bar = _alpha_bar(diffusion)
+        for shape, t in (((8, 1, 8, 8), [0, 1, 10, 100, 250, 500, 750, 999]), ((3, 4, 4, 4), [999, 0, 420])):
+            x0, noise = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+            t = torch.tensor(t)
+            where = f"{schedule} schedule, x0 of shape {shape}, t = {t.tolist()}"
+            index_hint = "t is already the code index (0 .. T-1) of alpha_bar, so take alpha_bar[t]"
+            try:
+                got = q_sample(x0, t, noise, alpha_bar)
+            except IndexError as err:
+                raise AssertionError(f"q_sample ({where}) indexed outside alpha_bar ({err}): {index_hint}") from None
+            _shape(f"q_sample ({where})", got, shape, "the shape of x0")
+            got = got.to(x0.dtype)
+            for shift in (1, -1):
+                valid = (t + shift >= 0) & (t + shift < len(alpha_bar))  # the images whose neighbour step exists
+                shifted = diffusion.q_sample(x0[valid], t[valid] + shift, noise=noise[valid])
+                if valid.sum() > 1 and torch.allclose(got[valid], shifted, **TOLERANCE):
+                    raise AssertionError(f"q_sample ({where}) used alpha_bar[t {'+' if shift > 0 else '-'} 1]: "
+                                         + index_hint)
+            a = alpha_bar[t].reshape(-1, 1, 1, 1).to(x0.dtype)
+            if torch.allclose(got, a * x0 + (1 - a) * noise, **TOLERANCE):
+                raise AssertionError(f"q_sample ({where}) scaled by alpha_bar and 1 - alpha_bar: those are the "
+                                     "variances; x_t = sqrt(alpha_bar_t) x0 + sqrt(1 - alpha_bar_t) eps")
+            _expect(f"q_sample ({where})", "x_t = sqrt(alpha_bar[t]) x0 + sqrt(1 - alpha_bar[t]) noise, with "
+                    "alpha_bar[t] shaped (N, 1, 1, 1) so that each image gets its own step", got,
+                    diffusion.q_sample(x0, t, noise=noise))
+    return "your q_sample matches GaussianDiffusion.q_sample on the linear and the cosine schedule, at every t tried"
+
+
+def check_simple_loss(simple_loss: Callable, *, seed: int = 0) -> str:
+    """Check ``simple_loss(model, x0, y, t, noise, alpha_bar) -> loss``: ``L_simple`` (DDPM eq. 14), the mean over
+    the batch and every dimension of ``(noise - eps_theta(x_t, t, y))^2``, where ``eps_theta`` is the model's first
+    ``C`` output channels (the others, with a learned variance, are not its business). Compared, value and
+    gradient, with the ``mse`` term of ``GaussianDiffusion.training_losses`` on a small DiT with and without
+    learned variance."""
+    from dit_core.diffusion import create_diffusion
+
+    gen = torch.Generator().manual_seed(seed)
+    for learn_sigma in (True, False):
+        diffusion = create_diffusion("", learn_sigma=learn_sigma)
+        model = _small_dit(8, 2, 4, learn_sigma=learn_sigma, seed=seed)
+        x0, noise = torch.randn(4, 4, 8, 8, generator=gen), torch.randn(4, 4, 8, 8, generator=gen)
+        t, y = torch.tensor([5, 250, 600, 999]), torch.tensor([1, 2, 10, 4])
+        where = "learned variance" if learn_sigma else "fixed variance"
+        mine = simple_loss(model, x0, y, t, noise, _alpha_bar(diffusion))
+        if not torch.is_tensor(mine) or mine.dim() != 0:
+            raise AssertionError(f"simple_loss ({where}) returned {getattr(mine, 'shape', mine)}: return one number, "
+                                 "the mean over the batch and every dimension")
+        if not mine.requires_grad:
+            raise AssertionError(f"simple_loss ({where}) has no gradient: compute it from the model's output "
+                                 "without torch.no_grad() or .detach()")
+        grads = torch.autograd.grad(mine, [p for p in model.parameters() if p.requires_grad])
+        want = diffusion.training_losses(model, x0, t, model_kwargs=dict(y=y), noise=noise)["mse"].mean()
+        want_grads = torch.autograd.grad(want, [p for p in model.parameters() if p.requires_grad])
+        hint = ("the mean of (noise - eps)^2, eps = the model's first C channels at x_t = q_sample(x0, t, noise)"
+                + ("; the last C channels are the variance values, not part of L_simple" if learn_sigma else ""))
+        _expect(f"L_simple ({where})", hint, mine.detach().float(), want.detach())
+        for (name, p), g, w in zip(((n, p) for n, p in model.named_parameters() if p.requires_grad), grads, want_grads):
+            _expect(f"the gradient of L_simple for {name} ({where})", hint, g, w, dict(rtol=1e-4, atol=1e-7))
+    return "your L_simple matches the mse term of training_losses, value and gradient, with and without learned variance"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 5: the training step and Muon's Newton-Schulz iteration
+# ------------------------------------------------------------------------------------------------------------
+
+
+def check_training_step(training_step: Callable, DiT: type | None = None, *, learn_sigma: bool = True,
+                        steps: int = 3, seed: int = 0, grad_clip: float = 0.0, grad_accum: int = 1) -> str:
+    """Check ``training_step(model, ema, opt, diffusion, x0, y, g, ema_decay) -> loss`` for a few steps against
+    ``dit_core.train.step.TrainStep`` from the same seed.
+
+    The step draws its random numbers from the generator ``g`` in the library's order (``batches.step_draws``):
+    a code index ``t`` per image (``torch.randint(0, T, (N,), generator=g)``), the noise (``torch.randn``), then the
+    label drops (``torch.rand(N, generator=g) < 0.1``); drops labels to the null class; computes the loss (the
+    hybrid ``L_simple + L_vlb`` with a learned variance, ``L_simple`` without), one AdamW step on it, and the EMA
+    update ``ema <- decay ema + (1 - decay) weights``. It returns the loss. The checker gives it
+    ``g = dit_core.train.batches.generator(seed, STREAM_STEP, step)``, the generator of the library's draws.
+
+    ``DiT``: the model class to train (the reader's, built with the library's arguments and loaded with its
+    weights); ``None`` trains ``dit_core``'s DiT. Losses, weights and EMA are compared after every step.
+    ``grad_clip`` and ``grad_accum`` switch on those additions in the library's step (chapter 5's exercises: what
+    each changes, and what it does not).
+    """
+    from dit_core.diffusion import create_diffusion
+    from dit_core.models import DiT as Library
+    from dit_core.train.batches import STREAM_STEP, generator
+    from dit_core.train.ema import create_ema
+    from dit_core.train.step import StepOptions, TrainStep
+
+    cfg = dict(input_size=8, patch_size=2, in_channels=1, hidden_size=32, depth=2, num_heads=2, num_classes=10,
+               learn_sigma=learn_sigma)
+    batch, lr, decay = 32, 1e-3, 0.9
+    torch.manual_seed(seed)
+    library = _randomize(Library(**cfg), std=0.05).eval()  # eval(): the step drops labels itself, from the draws
+    with torch.no_grad():  # labels that matter, so that a label dropped or not shows in the loss
+        library.y_embedder.embedding_table.weight.normal_(0, 1)
+    mine = (DiT or Library)(**cfg)
+    _load(mine, library, "your DiT", "use the model of chapter 3 (dit_book.my_dit.DiT) or dit_core's")
+    mine.eval()
+    diffusion = create_diffusion("", noise_schedule="squaredcos_cap_v2", learn_sigma=learn_sigma)
+    mine_ema, library_ema = create_ema(mine), create_ema(library)
+    mine_opt = torch.optim.AdamW(mine.parameters(), lr=lr, weight_decay=0.0)
+    library_opt = torch.optim.AdamW(library.parameters(), lr=lr, weight_decay=0.0)
+    library_step = TrainStep(library, diffusion, library_opt, library_ema,
+                             StepOptions(precision="fp32", grad_clip=grad_clip, grad_accum=grad_accum,
+                                         ema_decay=decay, ema_warmup=False), batch_size=batch, seed=seed)
+    loss_hint = ("draw from g in the library's order: t = torch.randint(0, T, (N,), generator=g), then the noise "
+                 "torch.randn(x0.shape, generator=g), then the drops torch.rand(N, generator=g) < 0.1; labels "
+                 "dropped to the null class; x_t = q_sample(x0, t, noise); "
+                 + ("the loss L_simple + L_vlb, the mean of training_losses' mse + vb" if learn_sigma
+                    else "the loss L_simple, the mean of (noise - eps)^2")
+                 + "; the model stays in eval mode (the step drops the labels)")
+    data = torch.Generator().manual_seed(seed + 1)
+    exact = True
+    for step in range(steps):
+        x0 = torch.rand(batch, 1, 8, 8, generator=data) * 2 - 1
+        y = torch.randint(0, 10, (batch,), generator=data)
+        loss = training_step(mine, mine_ema, mine_opt, diffusion, x0, y, generator(seed, STREAM_STEP, step), decay)
+        micro = batch // grad_accum
+        want = library_step(step, iter([(x0[k:k + micro], y[k:k + micro]) for k in range(0, batch, micro)])).loss
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise AssertionError(f"step {step}: training_step returned {loss!r}; return the loss (one number)")
+        _expect(f"the loss of step {step}", loss_hint, loss.detach().reshape(()).float(), want)
+        pairs = list(zip(mine.state_dict().items(), library.state_dict().items()))
+        for (name, a), (_, b) in pairs:
+            _expect(f"the weights after step {step} ({name})", "one AdamW step on the loss: opt.zero_grad(), "
+                    "loss.backward(), opt.step()", a, b)
+        for (name, a), (_, b) in zip(mine_ema.state_dict().items(), library_ema.state_dict().items()):
+            _expect(f"the EMA after step {step} ({name})", "after the optimizer step, ema <- decay ema + "
+                    "(1 - decay) weights: e.lerp_(w, 1 - decay) for every parameter", a, b)
+        exact = exact and torch.equal(loss.detach().reshape(()), want) and all(torch.equal(a, b) for (_, a), (_, b) in pairs)
+        largest = max((a - b).abs().max().item() for (_, a), (_, b) in pairs)
+    how = "bit for bit" if exact else f"to float round-off (weights {largest:.1e} apart after the last step)"
+    return (f"your training step matches dit_core's TrainStep {how} over {steps} steps from the same seed: "
+            f"losses, weights and EMA ({'hybrid loss' if learn_sigma else 'L_simple'})")
+
+
+def check_newton_schulz(newton_schulz: Callable, *, seed: int = 0) -> str:
+    """Check ``newton_schulz(g) -> X``, Muon's five quintic Newton-Schulz iterations in fp32: ``g`` scaled to
+    unit Frobenius norm, then ``X <- a X + (b A + c A^2) X`` with ``A = X X^T`` and
+    ``(a, b, c) = (3.4445, -4.7750, 2.0315)``; compared with ``dit_core.train.muon.newton_schulz`` on wide, tall
+    and square matrices."""
+    from dit_core.train.muon import newton_schulz as library
+
+    gen = torch.Generator().manual_seed(seed)
+    for rows, cols in ((64, 256), (256, 64), (48, 48)):
+        g = torch.randn(rows, 8, generator=gen) @ torch.randn(8, cols, generator=gen) \
+            + 0.1 * torch.randn(rows, cols, generator=gen)  # nearly low-rank, as gradients are
+        got = newton_schulz(g.clone())
+        _shape(f"newton_schulz of a {rows} x {cols} matrix", got, (rows, cols), "the shape of g")
+        _expect(f"newton_schulz of a {rows} x {cols} matrix",
+                "x = g / g.norm(), then five times A = x @ x.T; x = a x + (b A + c A @ A) @ x, with "
+                "(a, b, c) = (3.4445, -4.7750, 2.0315)", got.float(), library(g), dict(rtol=1e-4, atol=1e-5))
+    return "your Newton-Schulz iteration matches dit_core.train.muon.newton_schulz on wide, tall and square matrices"

@@ -95,3 +95,349 @@ def test_guidance_mistakes_are_caught():
         check_guidance(guides_variance)
     with pytest.raises(AssertionError, match="has shape"):
         check_guidance(lambda model, s: (lambda x, t, y: guided(model, s)(x, t, y)[:, :4]))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 3: DiT's parts. The right solutions are chapter 3's, kept in dit_book.my_dit; each wrong one below is a
+# small change of them, and the checker must name the part that is wrong.
+# ------------------------------------------------------------------------------------------------------------
+
+import copy  # noqa: E402
+
+from torch import nn  # noqa: E402
+
+from dit_book import my_dit  # noqa: E402
+from dit_book.exercises import (check_dit, check_dit_block, check_final_layer, check_label_embedder,  # noqa: E402
+                                check_newton_schulz, check_q_sample, check_simple_loss, check_timestep_embedder,
+                                check_training_step)
+
+
+def test_chapter_3_solutions_pass():
+    assert "matches dit_core's" in check_timestep_embedder(my_dit.timestep_embedding, my_dit.TimestepEmbedder)
+    assert "null class at index 10" in check_label_embedder(my_dit.LabelEmbedder)
+    assert "identity at initialisation" in check_dit_block(my_dit.DiTBlock)
+    assert "zero at initialisation" in check_final_layer(my_dit.FinalLayer)
+    summary = check_dit(my_dit.DiT)
+    assert "largest difference 0.0e+00" in summary and "675,129,632 numbers" in summary
+
+
+def test_timestep_frequencies_written_as_a_power_pass():
+    def as_power(t, dim=256):  # another right way of writing w_k: ~1e-4 apart in float32 at t = 999
+        half = dim // 2
+        angles = t[:, None].float() * 10000 ** (-torch.arange(half) / half)[None]
+        return torch.cat([angles.cos(), angles.sin()], dim=1)
+
+    class Embedder(my_dit.TimestepEmbedder):
+        def forward(self, t):
+            return self.mlp(as_power(t, self.frequencies))
+
+    assert "matches" in check_timestep_embedder(as_power, Embedder)
+
+
+def test_timestep_embedding_mistakes_are_caught():
+    def sines_first(t, dim=256):
+        emb = my_dit.timestep_embedding(t, dim)
+        return torch.cat([emb[:, dim // 2:], emb[:, : dim // 2]], dim=1)
+
+    with pytest.raises(AssertionError, match="DiT puts the cosines first"):
+        check_timestep_embedder(sines_first, my_dit.TimestepEmbedder)
+
+    def other_frequencies(t, dim=256):  # k / (half - 1): the last frequency is exactly 1 / 10000
+        half = dim // 2
+        angles = t[:, None].float() * torch.exp(-math.log(10000) * torch.arange(half) / (half - 1))[None]
+        return torch.cat([angles.cos(), angles.sin()], dim=1)
+
+    with pytest.raises(AssertionError, match=r"w_k = 10000\^\(-k / 128\)"):
+        check_timestep_embedder(other_frequencies, my_dit.TimestepEmbedder)
+
+
+def test_timestep_mlp_mistakes_are_caught():
+    class Renamed(nn.Module):
+        def __init__(self, hidden_size):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = nn.Linear(256, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
+
+        def forward(self, t):
+            return self.fc2(self.act(self.fc1(my_dit.timestep_embedding(t))))
+
+    with pytest.raises(AssertionError, match=r"(?s)not dit_core's.*missing: mlp\.0\.weight"):
+        check_timestep_embedder(my_dit.timestep_embedding, Renamed)
+
+    class Gelu(my_dit.TimestepEmbedder):
+        def __init__(self, hidden_size):
+            super().__init__(hidden_size)
+            self.mlp[1] = nn.GELU()
+
+    with pytest.raises(AssertionError, match=r"TimestepEmbedder\(32\)\(t\): the 256 sinusoidal features"):
+        check_timestep_embedder(my_dit.timestep_embedding, Gelu)
+
+
+def test_label_embedding_mistakes_are_caught():
+    class NoNullClass(my_dit.LabelEmbedder):
+        def __init__(self, num_classes, hidden_size, dropout_prob):
+            super().__init__(num_classes, hidden_size, dropout_prob)
+            self.embedding_table = nn.Embedding(num_classes, hidden_size)
+
+    with pytest.raises(AssertionError, match=r"(?s)num_classes \+ 1.*embedding_table\.weight: yours \(10, 16\)"):
+        check_label_embedder(NoNullClass)
+
+    class DropsToZero(my_dit.LabelEmbedder):
+        def forward(self, y, drop=None):
+            return self.embedding_table(torch.where(drop, 0, y) if drop is not None else y)
+
+    with pytest.raises(AssertionError, match="eval mode with drop: where drop is True the label becomes the null"):
+        check_label_embedder(DropsToZero)
+
+    class DropsWhenSampling(my_dit.LabelEmbedder):
+        def forward(self, y, drop=None):
+            if drop is None:
+                drop = torch.rand(y.shape) < self.dropout_prob
+            return super().forward(y, drop)
+
+    with pytest.raises(AssertionError, match="in eval mode .* of the labels were dropped"):
+        check_label_embedder(DropsWhenSampling)
+
+    class NeverDrops(my_dit.LabelEmbedder):
+        def forward(self, y, drop=None):
+            return super().forward(y, drop if drop is not None else torch.zeros_like(y, dtype=torch.bool))
+
+    with pytest.raises(AssertionError, match=r"in training mode 0\.0% of 20,000 labels"):
+        check_label_embedder(NeverDrops)
+
+
+class _Block(my_dit.DiTBlock):
+    """The chapter's block with one of its lines changed by ``kind``."""
+
+    kind = ""
+
+    def forward(self, x, c):
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=1)
+        if self.kind == "scale, shift, gate":
+            scale1, shift1, scale2, shift2 = shift1, scale1, shift2, scale2
+        mod = (lambda h, s, k: h * k[:, None] + s[:, None]) if self.kind == "no 1 +" else my_dit.modulate
+        x = x + gate1[:, None] * self.attn(mod(self.norm1(x), shift1, scale1))
+        if self.kind == "attention's modulation twice":
+            shift2, scale2 = shift1, scale1
+        mlp_in = mod(self.norm2(x), shift2, scale2)
+        return x + (1 if self.kind == "no MLP gate" else gate2[:, None]) * self.mlp(mlp_in)
+
+
+@pytest.mark.parametrize("kind, where", [("scale, shift, gate", "the attention branch"),
+                                         ("no 1 +", "the attention branch"),
+                                         ("attention's modulation twice", "the whole block"),
+                                         ("no MLP gate", "at initialisation")])
+def test_block_mistakes_are_caught(kind, where):
+    block = type("Wrong", (_Block,), {"kind": kind})
+    with pytest.raises(AssertionError, match=where):
+        check_dit_block(block)
+
+
+def test_a_block_that_does_not_start_at_zero_is_caught():
+    class NotZero(my_dit.DiTBlock):
+        def __init__(self, hidden_size, num_heads):
+            super().__init__(hidden_size, num_heads)
+            nn.init.normal_(self.adaLN_modulation[1].weight, std=0.02)
+
+    with pytest.raises(AssertionError, match=r"adaLN_modulation\.1\.weight should start at zero; adaLN-Zero"):
+        check_dit_block(NotZero)
+
+
+def test_final_layer_mistakes_are_caught():
+    class RandomStart(my_dit.FinalLayer):
+        def __init__(self, *args):
+            super().__init__(*args)
+            nn.init.xavier_uniform_(self.linear.weight)
+
+    with pytest.raises(AssertionError, match=r"linear\.weight should start at zero"):
+        check_final_layer(RandomStart)
+
+    class Swapped(my_dit.FinalLayer):
+        def forward(self, x, c):
+            scale, shift = self.adaLN_modulation(c).chunk(2, dim=1)
+            return self.linear(my_dit.modulate(self.norm_final(x), shift, scale))
+
+    with pytest.raises(AssertionError, match="the final layer: linear"):
+        check_final_layer(Swapped)
+
+
+def test_model_mistakes_are_caught():
+    class NoPositions(my_dit.DiT):
+        def forward(self, x, t, y):
+            tokens = self.x_embedder(x)  # pos_embed forgotten
+            c = self.t_embedder(t) + self.y_embedder(y)
+            for block in self.blocks:
+                tokens = block(tokens, c)
+            return my_dit.unpatchify(self.final_layer(tokens, c), self.patch_size, self.out_channels)
+
+    with pytest.raises(AssertionError, match=r"with dit_core's weights: tokens = x_embedder\(x\) \+ pos_embed"):
+        check_dit(NoPositions)
+
+    class PositionsAsBuffer(my_dit.DiT):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            table = self.pos_embed.data
+            del self.pos_embed
+            self.register_buffer("positions", table)
+
+        def forward(self, x, t, y):
+            self.pos_embed = self.positions
+            return super().forward(x, t, y)
+
+    with pytest.raises(AssertionError, match=r"(?s)missing: pos_embed.*not in dit_core: positions"):
+        check_dit(PositionsAsBuffer)
+
+    class RandomFinalLayer(my_dit.DiT):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            nn.init.normal_(self.final_layer.linear.weight, std=0.02)
+
+    with pytest.raises(AssertionError, match="a new model predicts .* not zero"):
+        check_dit(RandomFinalLayer)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 4: q_sample and L_simple, as the chapter's solution writes them
+# ------------------------------------------------------------------------------------------------------------
+
+
+def q_sample(x0, t, noise, alpha_bar):
+    a = alpha_bar[t].reshape(-1, 1, 1, 1)
+    return (a.sqrt() * x0 + (1 - a).sqrt() * noise).float()
+
+
+def simple_loss(model, x0, y, t, noise, alpha_bar):
+    eps = model(q_sample(x0, t, noise, alpha_bar), t, y)[:, : x0.shape[1]]
+    return ((noise - eps) ** 2).mean()
+
+
+def test_chapter_4_solutions_pass():
+    assert "linear and the cosine schedule" in check_q_sample(q_sample)
+    assert "value and gradient" in check_simple_loss(simple_loss)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda x0, t, noise, ab: q_sample(x0, t - 1, noise, ab), r"used alpha_bar\[t - 1\]"),
+    (lambda x0, t, noise, ab: q_sample(x0, t + 1, noise, ab), r"indexed outside alpha_bar .* take alpha_bar\[t\]"),
+    (lambda x0, t, noise, ab: q_sample(x0, (t + 1).clamp(max=999), noise, ab), r"used alpha_bar\[t \+ 1\]"),
+    (lambda x0, t, noise, ab: (ab[t].reshape(-1, 1, 1, 1) * x0 + (1 - ab[t].reshape(-1, 1, 1, 1)) * noise).float(),
+     "those are the variances"),
+    (lambda x0, t, noise, ab: (ab[t].sqrt() * x0 + (1 - ab[t]).sqrt() * noise).float(), r"shaped \(N, 1, 1, 1\)"),
+])
+def test_q_sample_mistakes_are_caught(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        check_q_sample(wrong)
+
+
+def test_simple_loss_mistakes_are_caught():
+    def all_channels(model, x0, y, t, noise, ab):  # the variance channels in the regression
+        out = model(q_sample(x0, t, noise, ab), t, y)
+        return ((torch.cat([noise, noise], dim=1)[:, : out.shape[1]] - out) ** 2).mean()
+
+    with pytest.raises(AssertionError, match=r"L_simple \(learned variance\).*variance values"):
+        check_simple_loss(all_channels)
+    with pytest.raises(AssertionError, match="has no gradient"):
+        check_simple_loss(lambda *args: simple_loss(*args).detach())
+    with pytest.raises(AssertionError, match="return one number"):
+        check_simple_loss(lambda model, x0, *rest: simple_loss(model, x0, *rest) * torch.ones(len(x0)))
+    with pytest.raises(AssertionError, match=r"L_simple \(learned variance\)"):
+        check_simple_loss(lambda *args: simple_loss(*args) * 64)  # a sum over the pixels, not the mean
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chapter 5: the training step (the chapter's, and its L_simple exercise) and Newton-Schulz
+# ------------------------------------------------------------------------------------------------------------
+
+from dit_core.diffusion.losses import discretized_gaussian_log_likelihood, mean_flat, normal_kl  # noqa: E402
+
+
+def training_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout=0.1, *, mistake=""):
+    t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    if mistake == "noise first":
+        noise, t = torch.randn(x0.shape, generator=g), t
+    drop = torch.rand(len(x0), generator=g) < label_dropout
+    if mistake != "no dropout":
+        y = torch.where(drop, torch.full_like(y, model.num_classes), y)
+    x_t = diffusion.q_sample(x0, t, noise)
+    eps, v = model(x_t, t, y).chunk(2, dim=1)
+    mse = mean_flat((noise - eps) ** 2)
+    frozen = torch.cat([eps.detach(), v], dim=1)
+    p = diffusion.p_mean_variance(lambda *_: frozen, x_t, t, clip_denoised=False)
+    mean, _, log_var = diffusion.q_posterior_mean_variance(x0, x_t, t)
+    kl = mean_flat(normal_kl(mean, log_var, p["mean"], p["log_variance"]))
+    nll = -mean_flat(discretized_gaussian_log_likelihood(x0, means=p["mean"], log_scales=p["log_variance"] / 2))
+    loss = (mse + torch.where(t == 0, nll, kl) / math.log(2)).mean()
+    if mistake != "no zero_grad":
+        opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for e, w in zip(ema.parameters(), model.parameters()):
+            e.lerp_(w, ema_decay if mistake == "ema swapped" else 1 - ema_decay)
+    return loss.detach()
+
+
+def simple_step(model, ema, opt, diffusion, x0, y, g, ema_decay):
+    t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    drop = torch.rand(len(x0), generator=g) < 0.1
+    y = torch.where(drop, torch.full_like(y, model.num_classes), y)
+    loss = ((noise - model(diffusion.q_sample(x0, t, noise), t, y)) ** 2).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for e, w in zip(ema.parameters(), model.parameters()):
+            e.lerp_(w, 1 - ema_decay)
+    return loss.detach()
+
+
+def newton_schulz(g, steps=5, a=3.4445, b=-4.7750, c=2.0315):
+    x = g / g.norm()
+    for _ in range(steps):
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    return x
+
+
+def test_chapter_5_solutions_pass():
+    assert "bit for bit over 3 steps" in check_training_step(training_step, my_dit.DiT)
+    assert "bit for bit" in check_training_step(training_step)  # dit_core's own DiT
+    assert "(L_simple)" in check_training_step(simple_step, my_dit.DiT, learn_sigma=False)
+    assert "wide, tall and square" in check_newton_schulz(newton_schulz)
+
+
+@pytest.mark.parametrize("mistake, message", [("no dropout", "the loss of step 0: draw from g"),
+                                              ("noise first", "the loss of step 0"),
+                                              ("no zero_grad", r"the weights after step 1 .*opt\.zero_grad"),
+                                              ("ema swapped", r"the EMA after step 0 .*lerp_")])
+def test_training_step_mistakes_are_caught(mistake, message):
+    def wrong(*args):
+        return training_step(*args, mistake=mistake)
+
+    with pytest.raises(AssertionError, match=message):
+        check_training_step(wrong, my_dit.DiT)
+
+
+def test_training_a_model_that_is_not_dit_cores_is_refused():
+    class Wider(my_dit.DiT):
+        def __init__(self, **kwargs):
+            super().__init__(**{**kwargs, "hidden_size": 64})
+
+    with pytest.raises(AssertionError, match="your DiT: its parameters are not dit_core's"):
+        check_training_step(training_step, Wider)
+
+
+def test_newton_schulz_mistakes_are_caught():
+    with pytest.raises(AssertionError, match="newton_schulz of a 64 x 256 matrix: x = g / g.norm"):
+        check_newton_schulz(lambda g: newton_schulz(g, steps=4))
+
+    def spectral(g, steps=5, a=3.4445, b=-4.7750, c=2.0315):  # scaled by the largest singular value instead
+        x = g / torch.linalg.matrix_norm(g, ord=2)
+        for _ in range(steps):
+            A = x @ x.T
+            x = a * x + (b * A + c * A @ A) @ x
+        return x
+
+    with pytest.raises(AssertionError, match="newton_schulz of a 64 x 256 matrix"):
+        check_newton_schulz(spectral)
