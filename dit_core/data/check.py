@@ -217,66 +217,10 @@ def check_dataset(
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {str(root)!r} does not exist")
-    splits: dict[str, dict[str, int]] = {}
-    jobs: list[tuple[str, str, str]] = []  # (split, class, path)
-    ignored: list[str] = []
-    problems: list[Problem] = []
-    class_lists: dict[str, list[str]] = {}
-    for split_name, folder in _split_folders(root, split):
-        classes, class_to_idx = find_classes(folder)
-        class_lists[split_name] = classes
-        samples, skipped_ext = make_samples(folder, class_to_idx)
-        ignored += skipped_ext
-        ignored += sorted(str(p) for p in folder.iterdir() if p.is_file())  # files beside the class folders
-        splits[split_name] = {c: 0 for c in classes}
-        jobs += [(split_name, classes[label], path) for path, label in samples]
-
-    iterator = _run_jobs([(p, mode, decode) for _, _, p in jobs], workers)
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(iterator, total=len(jobs), desc="checking", unit="img")
-    infos = []
-    for (split_name, cls, path), (info, issues) in zip(jobs, iterator):
-        for kind, detail in issues:
-            problems.append(Problem(path, kind, detail, ACTIONS[kind]))
-        if info is not None:
-            splits[split_name][cls] += 1
-            infos.append((path, info))
-
-    shorts = [min(i["width"], i["height"]) for _, i in infos]
-    min_size = image_size if image_size else (int(statistics.median(shorts)) // 2 if shorts else 0)
-    for path, info in infos:
-        short = min(info["width"], info["height"])
-        if short < min_size:
-            problems.append(
-                Problem(path, "too-small", f"{info['width']}x{info['height']}, short side < {min_size}",
-                        ACTIONS["too-small"])
-            )
-
-    for split_name, counts in splits.items():
-        for cls, n in counts.items():
-            if n == 0:
-                where = os.path.join(root, split_name, cls) if split_name else os.path.join(root, cls)
-                problems.append(
-                    Problem(where, "empty-class", "no readable image in this class folder", ACTIONS["empty-class"])
-                )
-    if len(class_lists) > 1:
-        names = list(class_lists)
-        reference = class_lists[names[0]]
-        for other in names[1:]:
-            if class_lists[other] != reference:
-                extra = sorted(set(class_lists[other]) - set(reference))
-                missing = sorted(set(reference) - set(class_lists[other]))
-                problems.append(
-                    Problem(
-                        os.path.join(root, other),
-                        "class-mismatch",
-                        f"classes differ from {names[0]}/: extra {extra[:5]}, missing {missing[:5]}",
-                        ACTIONS["class-mismatch"],
-                    )
-                )
-
+    splits, jobs, ignored, class_lists = _list_files(root, split)
+    infos, problems = _read_files(jobs, splits, mode, decode, workers, progress)
+    min_size, small = _small_images(infos, image_size)
+    problems += small + _folder_problems(root, splits, class_lists)
     widths = [i["width"] for _, i in infos]
     heights = [i["height"] for _, i in infos]
     sizes = {}
@@ -299,6 +243,86 @@ def check_dataset(
         min_size=min_size,
         decoded=decode,
     )
+
+
+def _list_files(root: Path, split: str | None):
+    """``(splits, jobs, ignored, class_lists)``: per split a zero count per class, the ``(split, class, path)``
+    of every image file, the files that are not images of a class folder, and each split's classes."""
+    splits: dict[str, dict[str, int]] = {}
+    jobs: list[tuple[str, str, str]] = []
+    ignored: list[str] = []
+    class_lists: dict[str, list[str]] = {}
+    for split_name, folder in _split_folders(root, split):
+        classes, class_to_idx = find_classes(folder)
+        class_lists[split_name] = classes
+        samples, skipped_ext = make_samples(folder, class_to_idx)
+        ignored += skipped_ext
+        ignored += sorted(str(p) for p in folder.iterdir() if p.is_file())  # files beside the class folders
+        splits[split_name] = {c: 0 for c in classes}
+        jobs += [(split_name, classes[label], path) for path, label in samples]
+    return splits, jobs, ignored, class_lists
+
+
+def _read_files(jobs: list, splits: dict, mode: str, decode: bool, workers: int, progress: bool):
+    """``(infos, problems)``: the ``(path, header facts)`` of every readable file (counted into ``splits``), and
+    a :class:`Problem` for every file that is not."""
+    iterator = _run_jobs([(p, mode, decode) for _, _, p in jobs], workers)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=len(jobs), desc="checking", unit="img")
+    infos, problems = [], []
+    for (split_name, cls, path), (info, issues) in zip(jobs, iterator):
+        for kind, detail in issues:
+            problems.append(Problem(path, kind, detail, ACTIONS[kind]))
+        if info is not None:
+            splits[split_name][cls] += 1
+            infos.append((path, info))
+    return infos, problems
+
+
+def _small_images(infos: list, image_size: int | None):
+    """``(min_size, problems)``: the short side below which an image is too small (the training size, or half
+    the median short side), and a problem for each such image."""
+    shorts = [min(i["width"], i["height"]) for _, i in infos]
+    min_size = image_size if image_size else (int(statistics.median(shorts)) // 2 if shorts else 0)
+    problems = []
+    for path, info in infos:
+        short = min(info["width"], info["height"])
+        if short < min_size:
+            problems.append(
+                Problem(path, "too-small", f"{info['width']}x{info['height']}, short side < {min_size}",
+                        ACTIONS["too-small"])
+            )
+    return min_size, problems
+
+
+def _folder_problems(root: Path, splits: dict, class_lists: dict) -> list:
+    """Class folders without a readable image, and splits whose classes differ from the first split's."""
+    problems = []
+    for split_name, counts in splits.items():
+        for cls, n in counts.items():
+            if n == 0:
+                where = os.path.join(root, split_name, cls) if split_name else os.path.join(root, cls)
+                problems.append(
+                    Problem(where, "empty-class", "no readable image in this class folder", ACTIONS["empty-class"])
+                )
+    if len(class_lists) > 1:
+        names = list(class_lists)
+        reference = class_lists[names[0]]
+        for other in names[1:]:
+            if class_lists[other] != reference:
+                extra = sorted(set(class_lists[other]) - set(reference))
+                missing = sorted(set(reference) - set(class_lists[other]))
+                problems.append(
+                    Problem(
+                        os.path.join(root, other),
+                        "class-mismatch",
+                        f"classes differ from {names[0]}/: extra {extra[:5]}, missing {missing[:5]}",
+                        ACTIONS["class-mismatch"],
+                    )
+                )
+    return problems
 
 
 def _run_jobs(jobs, workers):

@@ -126,51 +126,9 @@ def prepare_imagenette(  # the archive's keywords are dit_core.downloads.imagene
                               progress=progress)
     staging = _staging(out)
     staging.mkdir(parents=True, exist_ok=True)
-    counts = {s: {w: 0 for w, _, _ in CLASSES} for s in SPLITS}
-    written = skipped = 0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        total = sum(COUNTS.values()) if checksum else None  # an archive of your own: its count is not known
-        bar = tqdm(total=total, unit="img", desc="extracting Imagenette", dynamic_ncols=True)
     t0 = time.perf_counter()
-    try:
-        with tarfile.open(path, mode="r|*") as tar:  # a stream: one pass, no index of 13,000 members in memory
-            for member in tar:
-                target = _member_target(member.name) if member.isfile() else None
-                if target is None:
-                    skipped += member.isfile()
-                    continue
-                dest = staging.joinpath(*target)
-                if len(target) == 3:
-                    counts[target[0]][target[1]] += 1
-                    if bar is not None:
-                        bar.update(1)
-                if dest.is_file() and dest.stat().st_size == member.size:
-                    continue  # written by an earlier, interrupted run
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                part = dest.with_name(dest.name + ".part")
-                with tar.extractfile(member) as src, open(part, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                os.replace(part, dest)  # an image file is either whole or absent
-                written += 1
-    except (tarfile.TarError, EOFError, OSError) as err:
-        raise ValueError(
-            f"cannot read {path} as the Imagenette archive ({type(err).__name__}: {err}); the files written so far "
-            f"stay in {staging} and are reused by the next run. If the archive is damaged, delete it and download "
-            "it again (`dit-data imagenette OUT`)."
-        ) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    totals = {s: sum(c.values()) for s, c in counts.items()}
-    empty = [f"{s}/{w}" for s, c in counts.items() for w, n in c.items() if n == 0]
-    if empty:
-        raise ValueError(f"{path} is not an Imagenette archive in the {ARCHIVE_ROOT}/{{train,val}}/<wnid>/ layout: "
-                         f"no images for {empty[:4]}{' ...' if len(empty) > 4 else ''}")
-    if checksum and totals != COUNTS:
-        raise ValueError(f"{path} passed its checksum but holds {totals} images, not {COUNTS}; please report this")
+    counts = _unpack(path, staging, progress, total=sum(COUNTS.values()) if checksum else None)
+    totals = _check_counts(path, counts, checksum)
     write_label_map(staging, label_map())
     manifest = {
         "dataset": "imagenette2-320",
@@ -190,6 +148,57 @@ def prepare_imagenette(  # the archive's keywords are dit_core.downloads.imagene
         out.rmdir()  # empty (checked above)
     os.replace(staging, out)
     return out
+
+
+def _unpack(path: Path, staging: Path, progress: bool, total: int | None) -> dict:
+    """Write the archive's images into ``staging`` (files a killed run wrote whole are kept); returns the count
+    per split and class. ``total``: the images expected, for the progress bar (None: an archive of your own)."""
+    counts = {s: {w: 0 for w, _, _ in CLASSES} for s in SPLITS}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit="img", desc="extracting Imagenette", dynamic_ncols=True)
+    try:
+        with tarfile.open(path, mode="r|*") as tar:  # a stream: one pass, no index of 13,000 members in memory
+            for member in tar:
+                target = _member_target(member.name) if member.isfile() else None
+                if target is None:
+                    continue
+                dest = staging.joinpath(*target)
+                if len(target) == 3:
+                    counts[target[0]][target[1]] += 1
+                    if bar is not None:
+                        bar.update(1)
+                if dest.is_file() and dest.stat().st_size == member.size:
+                    continue  # written by an earlier, interrupted run
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                part = dest.with_name(dest.name + ".part")
+                with tar.extractfile(member) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.replace(part, dest)  # an image file is either whole or absent
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise ValueError(
+            f"cannot read {path} as the Imagenette archive ({type(err).__name__}: {err}); the files written so far "
+            f"stay in {staging} and are reused by the next run. If the archive is damaged, delete it and download "
+            "it again (`dit-data imagenette OUT`)."
+        ) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    return counts
+
+
+def _check_counts(path: Path, counts: dict, checksum: bool) -> dict:
+    """The images per split; an error for a class without images, or (a checked archive) other totals."""
+    totals = {s: sum(c.values()) for s, c in counts.items()}
+    empty = [f"{s}/{w}" for s, c in counts.items() for w, n in c.items() if n == 0]
+    if empty:
+        raise ValueError(f"{path} is not an Imagenette archive in the {ARCHIVE_ROOT}/{{train,val}}/<wnid>/ layout: "
+                         f"no images for {empty[:4]}{' ...' if len(empty) > 4 else ''}")
+    if checksum and totals != COUNTS:
+        raise ValueError(f"{path} passed its checksum but holds {totals} images, not {COUNTS}; please report this")
+    return totals
 
 
 # ---------------------------------------------------------------------------------------------------------
