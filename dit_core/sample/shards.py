@@ -227,25 +227,41 @@ def sample_to_npz(
     labels = np.load(folder / "labels.npy")
     if len(labels) != n:
         raise SampleRunError(f"{folder}/labels.npy holds {len(labels)} labels for {n} samples: delete {folder}")
-    seed = int(settings["seed"])
     bounds = shard_bounds(n, int(shard_size))
     todo = [k for k in range(len(bounds)) if not shard_path(folder, k).is_file()]
     barrier()  # every process has listed the folder before any writes to it, so all see the same `todo`
     mine = assigned_shards(todo, rank, world_size)
     resumed = n - sum(b - a for a, b in (bounds[k] for k in todo))
 
-    bar = None
-    if progress and rank == 0:
-        from tqdm.auto import tqdm
+    share = sum(bounds[k][1] - bounds[k][0] for k in mine)
+    bar = _sampling_bar(out, share, world_size, resumed, n) if progress and rank == 0 else None
+    start = time.perf_counter()
+    sampled = _sample_shards(folder, mine, bounds, labels, int(settings["seed"]), sample_fn, bar)
+    seconds = time.perf_counter() - start
+    barrier()
+    result = dict(sampled=sampled, resumed=resumed, seconds=seconds, complete=False, npz=None)
+    if rank == 0:
+        result.update(npz=str(assemble(out, keep_shards=keep_shards)), complete=True)
+    return result
 
-        share = sum(bounds[k][1] - bounds[k][0] for k in mine)
-        bar = tqdm(total=share, unit="img", desc=f"sampling {out.name}" + (f" (process 0 of {world_size})"
-                   if world_size > 1 else ""), bar_format="{l_bar}{bar}| {n:.0f}/{total} images "
-                   "[{elapsed}<{remaining}, {rate_fmt}]", smoothing=0.05)
-        if resumed:
-            bar.write(f"resuming {out}: {resumed} of {n} images were sampled before")
+
+def _sampling_bar(out: Path, share: int, world_size: int, resumed: int, n: int):
+    """The progress bar of this process's ``share`` of the images, in images (fractions while a batch runs)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=share, unit="img", desc=f"sampling {out.name}" + (f" (process 0 of {world_size})"
+               if world_size > 1 else ""), bar_format="{l_bar}{bar}| {n:.0f}/{total} images "
+               "[{elapsed}<{remaining}, {rate_fmt}]", smoothing=0.05)
+    if resumed:
+        bar.write(f"resuming {out}: {resumed} of {n} images were sampled before")
+    return bar
+
+
+def _sample_shards(folder: Path, mine: list, bounds, labels: np.ndarray, seed: int, sample_fn: Callable, bar) -> int:
+    """Sample and write the shards ``mine`` (sample ``i`` seeded ``seed + i``); returns the images sampled.
+    Closes ``bar``."""
     tick = bar.update if bar is not None else (lambda k: None)
-    start, sampled = time.perf_counter(), 0
+    sampled = 0
     try:
         for k in mine:
             a, b = bounds[k]
@@ -261,12 +277,7 @@ def sample_to_npz(
     finally:
         if bar is not None:
             bar.close()
-    seconds = time.perf_counter() - start
-    barrier()
-    result = dict(sampled=sampled, resumed=resumed, seconds=seconds, complete=False, npz=None)
-    if rank == 0:
-        result.update(npz=str(assemble(out, keep_shards=keep_shards)), complete=True)
-    return result
+    return sampled
 
 
 def _write_shard(folder: Path, k: int, images: np.ndarray, bounds) -> None:
