@@ -31,6 +31,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's descendants: Playwright's driver and the Chromium it started.
+    On a machine that other work also loads, the CPU time of a sample is steadier than its wall time."""
+    children, cpu = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
 def sizes(static: Path, bundle: dict) -> dict:
     """Bytes the live sampler adds to the built HTML, as shipped and raw."""
     node = REPO / ".vendor" / "node_modules" / "onnxruntime-web" / "dist"
@@ -112,18 +132,24 @@ def main(argv=None) -> int:
                                      [args.name, first])  # the wasm code is still warming up: not in the rows
         for sampler, steps in settings:
             options = dict(labels=labels, cfgScale=args.cfg_scale, sampler=sampler, steps=steps, seed=0)
-            runs = [page_.evaluate("([name, o]) => window.ditLive.sample(name, o).then(r => ({s: r.seconds, x: "
-                                   "Array.from(r.x)}))", [args.name, options]) for _ in range(args.repeats)]
-            seconds = statistics.median(r["s"] for r in runs)
-            torch_times = []
+            runs, browser_cpu = [], []
             for _ in range(args.repeats):
-                t0 = time.perf_counter()
+                cpu0 = tree_cpu_seconds()
+                runs.append(page_.evaluate("([name, o]) => window.ditLive.sample(name, o).then(r => ({s: r.seconds, "
+                                           "x: Array.from(r.x)}))", [args.name, options]))
+                browser_cpu.append(tree_cpu_seconds() - cpu0)
+            seconds = statistics.median(r["s"] for r in runs)
+            torch_times, torch_cpu = [], []
+            for _ in range(args.repeats):
+                t0, c0 = time.perf_counter(), time.process_time()
                 expected = generate(model, diffusion, labels, sampler=sampler, steps=steps, cfg_scale=args.cfg_scale,
                                     seed=0)
                 torch_times.append(time.perf_counter() - t0)
+                torch_cpu.append(time.process_time() - c0)
             diff = (torch.tensor(runs[0]["x"]).reshape(expected.shape) - expected).abs().max().item()
             rows.append(dict(sampler=sampler, steps=steps, browser_s=seconds, ms_per_step=1000 * seconds / steps,
-                             torch_s=statistics.median(torch_times), max_abs_diff=diff))
+                             browser_cpu_s=statistics.median(browser_cpu), torch_s=statistics.median(torch_times),
+                             torch_cpu_s=statistics.median(torch_cpu), max_abs_diff=diff))
         browser.close()
     figures = dict(page=str(page), onnx_runtime_web=version,
                    model_parameters=sum(p.numel() for p in model.parameters()), load_s=load_seconds,
@@ -140,10 +166,12 @@ def main(argv=None) -> int:
           f"({settings[0][0]} {settings[0][1]} steps): {first_press:.2f} s")
     print(f"{len(labels)} samples of digit {args.digit}, guidance {args.cfg_scale} ({2 * len(labels)} images per model "
           f"call); median of {args.repeats}; torch: generate, fp32, {torch.get_num_threads()} thread(s)")
-    print(f"{'sampler':>8} {'steps':>5} {'browser s':>10} {'ms/step':>8} {'torch s':>8} {'max |diff|':>11}")
+    print("wall: seconds the page reports; CPU: seconds of CPU the browser's processes (torch: this process) used")
+    print(f"{'sampler':>8} {'steps':>5} {'browser s':>10} {'ms/step':>8} {'CPU s':>6} {'torch s':>8} {'CPU s':>6} "
+          f"{'max |diff|':>11}")
     for r in rows:
-        print(f"{r['sampler']:>8} {r['steps']:5d} {r['browser_s']:10.2f} {r['ms_per_step']:8.1f} {r['torch_s']:8.2f} "
-              f"{r['max_abs_diff']:11.1e}")
+        print(f"{r['sampler']:>8} {r['steps']:5d} {r['browser_s']:10.2f} {r['ms_per_step']:8.1f} "
+              f"{r['browser_cpu_s']:6.2f} {r['torch_s']:8.2f} {r['torch_cpu_s']:6.2f} {r['max_abs_diff']:11.1e}")
     s = figures["sizes"]
     print("added to the built HTML, as shipped: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in s["shipped"].items())
           + f"; total {s['shipped_total'] / 1e6:.2f} MB")

@@ -9,8 +9,12 @@
 - :mod:`.timings`: :func:`chapter_box`, the "Running this chapter" box at the top of every chapter, from the run
   times that ``make book`` records in ``book/_timings.json``;
 - :mod:`.records`: the profile table of the README and the introduction, from ``benchmarks/results``;
+- :mod:`.routes`: the introduction's route by hardware, from the same sources as its chapter table;
+- :mod:`.setup`: each chapter's setup in one call (track, device, smoke sizes, stand-ins for downloads);
+- :mod:`.recorded`: a recorded run's grid and figures, where a chapter at its defaults does not train it;
 - :mod:`.track`, :mod:`.gpu_box`: the GPU track's cells, and what they show on a build without a GPU;
 - :mod:`.exercises`: the checkers of the "implement it" exercises;
+- :mod:`.browser`: chapter 7's live sampler, the digits model sampled in the reader's browser (ONNX Runtime Web);
 - :mod:`.converging`, :mod:`.convergence`: the helpers and the study of chapter "Converging faster".
 
 Nothing in :mod:`dit_core` imports this package: the library trains, samples and measures without the book.

@@ -135,11 +135,12 @@ def live_sampler(model, diffusion=None, *, name: str = "digits", label_names=Non
     params = sum(p.numel() for p in model.parameters())
     megabytes = round(len(bundle["onnx"]) / 1e6, 1)
     meta = {"shape": shape, "label_names": names, "null_class": guidance, "steps": offered, "megabytes": megabytes,
-            "note": f"The model of this chapter ({params / 1e6:.2f} M parameters), exported to ONNX by "
-                    f"dit_core.export ({len(onnx) / 1e6:.1f} MB, {megabytes} MB in this book) and run by ONNX Runtime "
-                    "Web (WebAssembly, one thread) with dit_core's noise schedule. A seed gives the images of "
+            "note": f"This DiT ({params / 1e6:.2f} M parameters), exported to ONNX by dit_core.export "
+                    f"({len(onnx) / 1e6:.1f} MB, {megabytes} MB in this book), runs here in ONNX Runtime Web "
+                    "(WebAssembly, one thread) with dit_core's noise schedule. A seed gives the images of "
                     "generate(..., seed=seed) in Python."}
     defaults = dict(bundle["defaults"], count=count)
+    bundle.update(defaults=defaults, meta=meta)  # for a bare <div class="dit-live" data-dit-live="NAME"> elsewhere
     return LiveSampler(name, bundle, defaults, meta, export_seconds)
 
 

@@ -348,3 +348,135 @@ def test_page_renders_offline(page_path, server, browser):
     if toggles["problems"]:
         problems.append(f"solution toggles: {toggles['problems'][:3]}")
     assert not problems, f"{page_path}:\n  " + "\n  ".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------ the live sampler
+#: The page with chapter 7's live sampler (dit_book.browser.live_sampler) and the model file the build writes for it.
+LIVE_PAGE = "book/07_sampling.html"
+LIVE_MODEL = HTML_DIR / "_static" / "dit-live" / "digits.js"
+#: Agreement asked of the page's samples with dit_core's (pixel values in [-1, 1]); measured: about 2e-5.
+LIVE_TOLERANCE = 1e-3
+LIVE_TIMEOUT_MS = 180_000
+
+
+@pytest.fixture(scope="module")
+def live_model():
+    """The page's own model (rebuilt in PyTorch from its ONNX file), its training diffusion and its bundle."""
+    if not LIVE_MODEL.is_file():
+        _missing(f"no live sampler model at {LIVE_MODEL}: chapter 7 writes it when the book is built (make book-smoke)")
+    from dit_book.browser import read_built_model
+
+    return read_built_model(LIVE_MODEL)
+
+
+def _open_live_page(browser, url: str, log: PageLog):
+    context = browser.new_context(viewport=VIEWPORT, service_workers="block")
+    page = context.new_page()
+    log.attach(page)
+    page.goto(url, wait_until="load", timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function("() => window.ditLive && document.querySelector('div.dit-live[data-state]')",
+                           timeout=PAGE_TIMEOUT_MS)
+    return context, page
+
+
+def _press_sample(page, digit: int, sampler: str, steps: int, scale: float, seed: int) -> dict:
+    """Set the widget's controls as a reader would, press Sample, wait; the page's result and status line."""
+    widget = page.locator("div.dit-live").first
+    widget.scroll_into_view_if_needed()
+    widget.locator("select[aria-label=class]").select_option(str(digit))
+    widget.locator("select[aria-label=sampler]").select_option(sampler)
+    widget.locator("select[aria-label=steps]").select_option(str(steps))
+    widget.locator("input[aria-label='guidance scale']").evaluate(  # a range input: set it as a drag would
+        "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }", str(scale))
+    widget.locator("input[aria-label=seed]").fill(str(seed))
+    widget.locator("button").click()
+    page.wait_for_function("() => ['done', 'error'].includes(document.querySelector('div.dit-live').dataset.state)",
+                           timeout=LIVE_TIMEOUT_MS)
+    return page.evaluate("""() => {
+      const r = window.ditLive.last.digits;
+      const painted = Array.from(document.querySelectorAll('div.dit-live canvas')).filter(c => {
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        return d.some((v, i) => i % 4 === 3 && v > 0);
+      }).length;
+      return {state: document.querySelector('div.dit-live').dataset.state, painted,
+              canvases: document.querySelectorAll('div.dit-live canvas').length,
+              status: document.querySelector('div.dit-live .dit-live-status').textContent,
+              x: r ? Array.from(r.x) : null, labels: r ? r.labels : null, steps: r ? r.steps : null};
+    }""")
+
+
+def _problems(log: PageLog) -> list[str]:
+    problems = []
+    if log.external:
+        problems.append(f"requests to other hosts: {log.external[:5]}")
+    if log.failed:
+        problems.append(f"local resources failed to load: {log.failed[:5]}")
+    if log.errors:
+        problems.append(f"console errors / exceptions: {log.errors[:5]}")
+    return problems
+
+
+@pytest.mark.parametrize("origin", ["server", "disk"])
+def test_live_sampler_samples_a_chosen_digit(origin, server, browser, live_model):
+    """The reader's path, from a static server and from the file opened from disk: choose a digit, a sampler, a
+    step count, a guidance scale and a seed, press Sample; the page shows the denoising and its time, and its
+    images are dit_core's generate(...) with the same settings and seed."""
+    import torch
+
+    from dit_core.sample import generate
+
+    model, diffusion, bundle = live_model
+    if origin == "server":
+        url, log = f"{server}/{LIVE_PAGE}", PageLog(server)
+    else:
+        url, log = (HTML_DIR / LIVE_PAGE).as_uri(), PageLog("file://")
+    sampler, steps = "ddim", min(bundle["tables"]["ddim"], key=int)
+    digit, scale, seed = 7, 2.0, 3 if origin == "server" else 0
+    context, page = _open_live_page(browser, url, log)
+    try:
+        result = _press_sample(page, digit, sampler, int(steps), scale, seed)
+    finally:
+        context.close()
+    assert result["state"] == "done", f"{origin}: the sampler did not finish: {result['status']}"
+    assert not _problems(log), f"{origin}: " + "; ".join(_problems(log))
+    assert result["painted"] == result["canvases"] > 0, f"{origin}: {result['painted']}/{result['canvases']} drawn"
+    assert re.search(r"\d+\.\d\d s in this browser", result["status"]), result["status"]
+    assert result["labels"] == [digit] * len(result["labels"])
+    expected = generate(model, diffusion, result["labels"], sampler=sampler, steps=int(steps), cfg_scale=scale,
+                        seed=seed)
+    diff = (torch.tensor(result["x"]).reshape(expected.shape) - expected).abs().max().item()
+    assert diff < LIVE_TOLERANCE, f"{origin}: the page's digits differ from generate's by {diff:.2e}"
+
+
+def test_live_sampler_is_dit_core_from_the_same_noise(server, browser, live_model):
+    """ditLive.sample from a fixed noise tensor and labels gives dit_core's DDIM sample from that noise
+    (SpacedDiffusion.ddim_sample_loop with guided()), and from a seed DDPM's samples of generate."""
+    import torch
+
+    from dit_core.sample import generate
+    from dit_core.sample.samplers import _rebuild, ddim_timesteps, guided
+
+    model, diffusion, bundle = live_model
+    steps = int(min(bundle["tables"]["ddim"], key=int))
+    labels = list(range(bundle["num_classes"]))
+    noise = torch.randn(len(labels), *bundle["shape"], generator=torch.Generator().manual_seed(2024))
+    log = PageLog(server)
+    context, page = _open_live_page(browser, f"{server}/{LIVE_PAGE}", log)
+    run = "o => window.ditLive.sample('digits', o).then(r => Array.from(r.x))"
+    try:
+        from_noise = page.evaluate(run, dict(labels=labels, cfgScale=2.0, sampler="ddim", steps=steps,
+                                             noise=noise.flatten().tolist()))
+        ddpm_steps = int(min(bundle["tables"]["ddpm"], key=int))
+        ddpm = page.evaluate(run, dict(labels=labels[:4], cfgScale=1.5, sampler="ddpm", steps=ddpm_steps, seed=11))
+    finally:
+        context.close()
+    assert not _problems(log), "; ".join(_problems(log))
+    spaced = _rebuild(diffusion, ddim_timesteps(1000, steps))
+    with torch.no_grad():
+        expected = spaced.ddim_sample_loop(guided(model, 2.0), noise.shape, noise=noise, clip_denoised=True,
+                                           model_kwargs=dict(y=torch.tensor(labels))).clamp(-1, 1)
+    diff = (torch.tensor(from_noise).reshape(expected.shape) - expected).abs().max().item()
+    assert diff < LIVE_TOLERANCE, f"DDIM from a fixed noise: the page differs from dit_core by {diff:.2e}"
+    expected = generate(model, diffusion, labels[:4], sampler="ddpm", steps=ddpm_steps, cfg_scale=1.5, seed=11)
+    diff = (torch.tensor(ddpm).reshape(expected.shape) - expected).abs().max().item()
+    assert diff < LIVE_TOLERANCE, f"DDPM from seed 11: the page differs from generate by {diff:.2e}"

@@ -301,12 +301,30 @@
     return list;
   }
 
+  // A widget carries its settings (data-defaults) and what the controls offer (data-meta), so that it draws before
+  // the model loads. A bare <div class="dit-live" data-dit-live="NAME"></div> (in a Markdown page, say) takes both
+  // from the model's file, loaded at once.
   function mount(root) {
     if (root.dataset.ditLiveMounted) return;
     root.dataset.ditLiveMounted = "1";
     var name = root.getAttribute("data-dit-live");
     var defaults = JSON.parse(root.getAttribute("data-defaults") || "{}");
-    var meta = JSON.parse(root.getAttribute("data-meta") || "{}");
+    if (root.getAttribute("data-meta")) {
+      build(root, name, defaults, JSON.parse(root.getAttribute("data-meta")));
+      return;
+    }
+    root.textContent = "Loading the live sampler...";
+    loadScript(MODEL_DIR + encodeURIComponent(name) + ".js").then(function () {
+      var bundle = (window.ditLiveModels || {})[name];
+      if (!bundle) throw new Error("no model " + name + " in " + MODEL_DIR);
+      build(root, name, Object.assign({}, bundle.defaults, defaults), bundle.meta);
+    }).catch(function (err) {
+      root.textContent = "The live sampler could not load: " + err.message;
+      console.error("dit-live:", err);
+    });
+  }
+
+  function build(root, name, defaults, meta) {
     var count = defaults.count || 8, filmFrames = 10;
     var C = meta.shape[0], H = meta.shape[1], W = meta.shape[2], D = C * H * W;
     if (!document.getElementById("dit-live-style")) document.head.appendChild(el("style", { id: "dit-live-style", text: STYLE }));
@@ -348,9 +366,9 @@
       button,
     ]));
     root.appendChild(status);
-    root.appendChild(el("div", { class: "dit-live-row" }, [el("span", { text: "x_t (now)" })].concat(xt)));
-    root.appendChild(el("div", { class: "dit-live-row" }, [el("span", { text: "predicted x_0" })].concat(pred)));
-    root.appendChild(el("div", { class: "dit-live-row" }, [el("span", { text: "sample 1 on its way" })].concat(film)));
+    root.appendChild(el("div", { class: "dit-live-row" }, [el("span", { text: "x\u209c now" })].concat(xt)));
+    root.appendChild(el("div", { class: "dit-live-row" }, [el("span", { text: "predicted x\u0302\u2080" })].concat(pred)));
+    root.appendChild(el("div", { class: "dit-live-row" }, [el("span", { text: "sample 1, step by step" })].concat(film)));
     root.appendChild(note);
     root.setAttribute("data-state", "idle");
 
