@@ -8,6 +8,12 @@ Two layouts are accepted by :func:`load_dit`:
   layout, ``args`` being an ``argparse.Namespace``) or with ``model``/``ema`` and a plain-data ``config``
   (ours). The EMA weights are preferred, as the paper samples from them.
 
+A checkpoint also holds one of the four block designs of the paper's ablation (``DiT(block=...)``): it is read
+off the weights' names and shapes (:func:`infer_block`), recorded in our training checkpoints' ``model_config``,
+and a file of one design refuses to load into a model of another with a message that names both
+(:func:`check_block_matches`). A file that does not record it (the official ones, older ones of ours) holds
+adaLN-Zero, the only design DiT released.
+
 Nothing is unpickled beyond tensors and plain containers: :func:`torch.load` runs with ``weights_only=True``
 and only ``argparse.Namespace`` is allowed on top, for the official ``args``. The model's configuration is read
 off the tensors' shapes, so a file never needs to be trusted to describe itself.
@@ -23,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_write
-from .models import SIZES, DiT
+from .models import BLOCKS, DEFAULT_BLOCK, SIZES, DiT
 
 _PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel and torch.compile wrappers
 
@@ -108,12 +114,56 @@ def extract_state_dict(ckpt: dict, prefer_ema: bool = True) -> tuple[dict, dict]
     )
 
 
+#: How each block design shows in a state dict: a key of block 0 that only it has, or the number of vectors its
+#: adaLN layer regresses (adaLN-Zero 6: shift, scale and gate twice; adaLN 4: no gates).
+_DESIGN_SIGNS = {"adaln-zero": "6 adaLN vectors per block (shift, scale, gate x 2)",
+                 "adaln": "4 adaLN vectors per block (shift, scale x 2, no gates)",
+                 "cross-attention": "a cross-attention layer in every block (blocks.N.cross_attn.*)",
+                 "in-context": "plain ViT blocks with learned LayerNorms and no adaLN layer"}
+
+
+def block_of(config: dict | None) -> str:
+    """The block design a saved configuration records; one that does not say (official files, older
+    checkpoints) holds adaLN-Zero, the only design of the official code."""
+    return (config or {}).get("block") or DEFAULT_BLOCK
+
+
+def infer_block(state: dict) -> str:
+    """The block design of a DiT state dict, read off its keys and shapes (:data:`dit_core.models.BLOCKS`)."""
+    if "blocks.0.cross_attn.q.weight" in state:
+        return "cross-attention"
+    mod = state.get("blocks.0.adaLN_modulation.1.weight")
+    if mod is not None:
+        ratio = mod.shape[0] // mod.shape[1]
+        if ratio == 6:
+            return "adaln-zero"
+        if ratio == 4:
+            return "adaln"
+        raise CheckpointError(f"blocks.0.adaLN_modulation regresses {ratio} vectors per block; DiT's designs regress "
+                              "6 (adaLN-Zero) or 4 (adaLN)")
+    if "blocks.0.norm1.weight" in state:
+        return "in-context"
+    return DEFAULT_BLOCK  # no blocks at all (depth 0): the default design, which then has nothing to disagree with
+
+
+def check_block_matches(saved: str, wanted: str, where: str = "the checkpoint") -> None:
+    """A :class:`CheckpointError` when ``where`` holds a ``saved`` design and the model is built as ``wanted``."""
+    if saved != wanted:
+        raise CheckpointError(
+            f"{where} holds a DiT with {saved} blocks ({_DESIGN_SIGNS.get(saved, saved)}), but the model is built with "
+            f"{wanted} blocks ({_DESIGN_SIGNS.get(wanted, wanted)}); the weights of one design do not fit another. "
+            f"Build the model with block={saved!r} (dit-train: --block {saved}; load_dit reads the design off the "
+            "file when no block is given), or start a new run for the other design."
+        )
+
+
 def infer_config(state: dict, num_heads: int | None = None) -> dict:
     """Read the DiT constructor arguments off the shapes of a state dict.
 
     Width, channels and patch size come from ``x_embedder.proj.weight``; depth from the block indices; input
     size from ``pos_embed``; output channels (so ``learn_sigma``) from ``final_layer.linear``; classes from the
-    label table, whose extra row is the null class of guidance. The head count is not visible in any shape: it
+    label table, whose extra row is the null class of guidance; the block design from the blocks' keys
+    (:func:`infer_block`). The head count is not visible in any shape: it
     is taken from the paper's table for the standard sizes, else ``hidden_size // 64``, unless given.
     """
     try:
@@ -144,7 +194,14 @@ def infer_config(state: dict, num_heads: int | None = None) -> dict:
         class_dropout_prob=0.1 if table is not None else 0.0,
         num_classes=table.shape[0] - 1 if table is not None else 0,
         learn_sigma=out_ch == 2 * in_ch,
+        block=infer_block(state),
     )
+
+
+def check_block_name(block: str) -> str:
+    if block not in BLOCKS:
+        raise CheckpointError(f"unknown block design {block!r}; the designs are {', '.join(BLOCKS)}")
+    return block
 
 
 def check_state_dict(model: torch.nn.Module, state: dict) -> None:
@@ -191,6 +248,11 @@ def load_dit(
     """
     state, meta = extract_state_dict(read_checkpoint(path), prefer_ema=prefer_ema)
     config = infer_config(state, num_heads=overrides.pop("num_heads", meta.get("num_heads")))
+    if "block" in meta and check_block_name(meta["block"]) != config["block"]:
+        raise CheckpointError(f"{path} records {meta['block']} blocks, but its weights are those of {config['block']} "
+                              f"blocks ({_DESIGN_SIGNS[config['block']]}): the file contradicts itself; re-save it")
+    if "block" in overrides:
+        check_block_matches(config["block"], check_block_name(overrides.pop("block")), where=str(path))
     if "class_dropout_prob" in meta:
         config["class_dropout_prob"] = meta["class_dropout_prob"]
         table = state.get("y_embedder.embedding_table.weight")

@@ -99,6 +99,9 @@ class InteropError(ValueError):
 
 def diffusers_config(config: dict, pipeline_null_class: bool = True) -> dict:
     """``DiTTransformer2DModel`` constructor arguments for a DiT configuration (``DiT.config()``)."""
+    if config.get("block", "adaln-zero") != "adaln-zero":
+        raise InteropError(f"DiTTransformer2DModel has adaLN-Zero blocks only; this DiT has {config['block']} blocks "
+                           "(the paper's block-design ablation), which diffusers cannot hold")
     if float(config.get("mlp_ratio", 4.0)) != 4.0:
         raise InteropError(
             f"DiTTransformer2DModel has a fixed MLP ratio of 4; this DiT uses mlp_ratio={config['mlp_ratio']}"

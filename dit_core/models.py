@@ -1,6 +1,7 @@
 """The Diffusion Transformer (Peebles & Xie, "Scalable Diffusion Models with Transformers", ICCV 2023).
 
-The whole model in one file, each class named for an idea of the paper (Sec. 3.2, Fig. 3):
+The whole model in one file (its smallest pieces, adaLN's ``modulate`` and the MLP, in :mod:`dit_core.layers`),
+each class named for an idea of the paper (Sec. 3.2, Fig. 3):
 
 * :class:`PatchEmbed`       — "patchify": a ``p x p`` patch of the ``C x I x I`` input becomes one token.
 * :class:`TimestepEmbedder` — the noise level ``t`` as a 256-wide sinusoidal embedding, then a 2-layer MLP.
@@ -11,6 +12,12 @@ The whole model in one file, each class named for an idea of the paper (Sec. 3.2
   layer starts at zero so every block starts as the identity.
 * :class:`FinalLayer`       — adaLN, then a linear decoder from each token back to a ``p x p x C_out`` patch.
 * :class:`DiT`              — all of it, plus :meth:`DiT.unpatchify` and classifier-free guidance.
+
+The paper's block-design ablation (Sec. 3.2, Fig. 3 and 5) compares four ways of feeding ``t`` and ``y`` to the
+blocks; ``DiT(block=...)`` builds each (:data:`BLOCKS`), ``"adaln-zero"`` (:class:`DiTBlock`) by default, the
+others from :mod:`dit_core.designs`: ``"adaln"`` (no gates, not zero-initialised), ``"cross-attention"`` (a
+cross-attention layer over the tokens ``[t_emb, y_emb]``) and ``"in-context"`` (``t_emb`` and ``y_emb`` appended to
+the image tokens). Only adaLN-Zero has the official parameter names; the released checkpoints are all of it.
 
 Parameter names and shapes equal those of the official checkpoints (see ``shared/reference``), so
 ``DiT-XL-2-256x256.pt`` loads into ``DiT_models["DiT-XL/2"]()`` as it is (:func:`dit_core.load_dit`).
@@ -27,15 +34,11 @@ from typing import Iterable
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention, check_backend
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """adaLN: ``x * (1 + scale) + shift``, one shift/scale per sample, broadcast over the tokens."""
-    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+from .designs import AdaLNBlock, CrossAttentionBlock, InContextBlock, PlainFinalLayer
+from .layers import Mlp, TanhGELU, modulate  # noqa: F401 (re-exported: the pieces of every block)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -141,38 +144,6 @@ class LabelEmbedder(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 
 
-#: sqrt(2 / pi) doubled: ``0.5 (1 + tanh(z)) = sigmoid(2 z)``, so the tanh GELU is ``x sigmoid(2 z)``.
-_TWO_SQRT_2_OVER_PI = 2.0 * math.sqrt(2.0 / math.pi)
-
-
-class TanhGELU(nn.Module):
-    """GELU in its tanh approximation, ``0.5 x (1 + tanh(z))`` with ``z = sqrt(2/pi) (x + 0.044715 x^3)``.
-
-    Eager PyTorch runs ``F.gelu(x, approximate="tanh")``. Under ``torch.compile`` the same function is written
-    ``x * sigmoid(2 z)`` (``0.5 (1 + tanh z) = sigmoid(2 z)``): the compiler fuses it into one pass built on
-    ``exp``, several times faster than PyTorch's tanh kernel on an AVX2 CPU (``benchmarks/cpu_vs_official.py``
-    times both); on a GPU both are one fused kernel. The two agree to float32 round-off (``tests/test_speed_paths.py``).
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return x * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
-        return F.gelu(x, approximate="tanh")
-
-
-class Mlp(nn.Module):
-    """The transformer feed-forward layer: ``fc1 -> GELU (tanh approximation) -> fc2``."""
-
-    def __init__(self, dim: int, hidden_dim: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = TanhGELU()
-        self.fc2 = nn.Linear(hidden_dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class DiTBlock(nn.Module):
     """A DiT block with adaLN-Zero conditioning (paper Fig. 3, right).
 
@@ -194,6 +165,24 @@ class DiTBlock(nn.Module):
         x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
         x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
         return x
+
+
+#: The block designs of the paper's ablation (Sec. 3.2, Fig. 5), by the name ``DiT(block=...)`` takes.
+BLOCKS = {
+    "adaln-zero": DiTBlock,
+    "adaln": AdaLNBlock,
+    "cross-attention": CrossAttentionBlock,
+    "in-context": InContextBlock,
+}
+DEFAULT_BLOCK = "adaln-zero"
+
+
+def check_block(block: str) -> str:
+    """Validate a block-design name; a ValueError that lists the designs otherwise."""
+    if block not in BLOCKS:
+        raise ValueError(f"unknown block design {block!r}; choose one of {', '.join(BLOCKS)} (the paper's Fig. 5; "
+                         f"{DEFAULT_BLOCK} is DiT's own)")
+    return block
 
 
 class FinalLayer(nn.Module):
@@ -224,6 +213,11 @@ class DiT(nn.Module):
     of blocks counted from the first, or an iterable of block indices).
 
     ``num_classes=0`` builds an unconditional model (no label table; ``y`` is ignored and may be ``None``).
+
+    ``block`` chooses the block design of the paper's ablation (:data:`BLOCKS`): ``"adaln-zero"`` (DiT's own, the
+    default, with the official parameter names), ``"adaln"``, ``"cross-attention"`` or ``"in-context"``. Every
+    design has the same embedders, position embedding and linear decoder, whose weights start at zero, so every
+    design's output starts at zero; only adaLN-Zero also starts each block as the identity.
     """
 
     def __init__(
@@ -240,10 +234,12 @@ class DiT(nn.Module):
         learn_sigma: bool = True,
         attn_backend: str = "sdpa",
         grad_checkpointing: bool | int | Iterable[int] = False,
+        block: str = DEFAULT_BLOCK,
     ):
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.block = check_block(block)
         self.input_size = input_size
         self.patch_size = patch_size
         self.in_channels = in_channels
@@ -261,10 +257,12 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes > 0 else None
         # A parameter (so that it is saved in the state dict, as officially) that is never trained.
         self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
+        block_class = BLOCKS[self.block]
         self.blocks = nn.ModuleList(
-            [DiTBlock(hidden_size, num_heads, mlp_ratio, attn_backend) for _ in range(depth)]
+            [block_class(hidden_size, num_heads, mlp_ratio, attn_backend) for _ in range(depth)]
         )
-        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        final = FinalLayer if self.block in ("adaln-zero", "adaln") else PlainFinalLayer
+        self.final_layer = final(hidden_size, patch_size, self.out_channels)
         self._checkpointed: frozenset[int] = frozenset()
         self.set_grad_checkpointing(grad_checkpointing)
         self.initialize_weights()
@@ -277,8 +275,14 @@ class DiT(nn.Module):
             input_size=self.input_size, patch_size=self.patch_size, in_channels=self.in_channels,
             hidden_size=self.hidden_size, depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
             class_dropout_prob=self.class_dropout_prob, num_classes=self.num_classes,
-            learn_sigma=self.learn_sigma,
+            learn_sigma=self.learn_sigma, block=self.block,
         )
+
+    @property
+    def extra_tokens(self) -> int:
+        """Tokens the blocks see beside the image's: ``t`` and ``y`` (``t`` alone without classes) for the
+        in-context design, none for the others."""
+        return (1 + (self.y_embedder is not None)) if self.block == "in-context" else 0
 
     @property
     def attn_backend(self) -> str:
@@ -289,6 +293,8 @@ class DiT(nn.Module):
         check_backend(backend)
         for block in self.blocks:
             block.attn.backend = backend
+            if hasattr(block, "cross_attn"):
+                block.cross_attn.backend = backend
         return self
 
     def set_grad_checkpointing(self, blocks: bool | int | Iterable[int] = True) -> "DiT":
@@ -321,7 +327,11 @@ class DiT(nn.Module):
 
     def initialize_weights(self) -> None:
         """Xavier-uniform linear layers with zero bias; fixed sine-cosine ``pos_embed``; N(0, 0.02) label and
-        timestep-MLP weights; and the adaLN-Zero part: every modulation layer and the final linear at zero."""
+        timestep-MLP weights; and the adaLN-Zero part: every modulation layer and the final linear at zero.
+
+        The other designs keep the final linear at zero (every design's output starts at zero) but nothing else:
+        adaLN's modulation layers stay Xavier-initialised, the LayerNorms of the cross-attention and in-context
+        blocks start at scale 1 and shift 0."""
 
         def xavier(module):
             if isinstance(module, nn.Linear):
@@ -340,11 +350,12 @@ class DiT(nn.Module):
             nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
-        for block in self.blocks:
-            nn.init.zeros_(block.adaLN_modulation[-1].weight)
-            nn.init.zeros_(block.adaLN_modulation[-1].bias)
-        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
-        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
+        if self.block == "adaln-zero":
+            for block in self.blocks:
+                nn.init.zeros_(block.adaLN_modulation[-1].weight)
+                nn.init.zeros_(block.adaLN_modulation[-1].bias)
+            nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
+            nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
         nn.init.zeros_(self.final_layer.linear.weight)
         nn.init.zeros_(self.final_layer.linear.bias)
 
@@ -386,23 +397,37 @@ class DiT(nn.Module):
                 )
         x = self.x_embedder(x) + self.pos_embed
         c = self.t_embedder(t)
+        y_emb = None
         if self.y_embedder is not None:
             if y is None:
                 raise ValueError("this DiT is class-conditional: pass labels y (num_classes means 'no label')")
-            c = c + self.y_embedder(y, self.training)
+            y_emb = self.y_embedder(y, self.training)
+        if self.block in ("adaln-zero", "adaln"):
+            if y_emb is not None:
+                c = c + y_emb  # adaLN regresses from the sum of the two embeddings
+        else:  # the two-token sequence [t, y] (one token without classes), attended to or appended
+            c = torch.stack([c] if y_emb is None else [c, y_emb], dim=1)
         if keep is not None:
             if mask_token is None or not 1 <= decoder_depth < self.depth:
                 raise ValueError("masked training needs a mask token and 1 <= decoder_depth < depth")
             x = torch.gather(x, 1, keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        extra = self.extra_tokens
+        if extra:  # in-context: t and y become tokens of the sequence, the blocks get no other conditioning
+            x, c = torch.cat([x, c.to(x.dtype)], dim=1), None
         checkpointed = self._checkpointed if torch.is_grad_enabled() else ()
         captured = None
         for i, block in enumerate(self.blocks):
             if keep is not None and i == self.depth - decoder_depth:  # the decoder starts: fill the dropped tokens
+                x, tail = (x[:, :-extra], x[:, -extra:]) if extra else (x, None)
                 full = (mask_token + self.pos_embed).to(x.dtype).expand(len(x), -1, -1)
                 x = full.scatter(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]), x)
+                if extra:
+                    x = torch.cat([x, tail], dim=1)
             x = checkpoint(block, x, c, use_reentrant=False) if i in checkpointed else block(x, c)
             if i + 1 == capture:
-                captured = x
+                captured = x[:, :-extra] if extra else x
+        if extra:  # the conditioning tokens leave after the last block
+            x = x[:, :-extra]
         out = self.unpatchify(self.final_layer(x, c))
         return out if capture is None else (out, captured)
 

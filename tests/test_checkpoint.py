@@ -35,7 +35,8 @@ def test_bare_official_state_dict_gives_reference_outputs(tmp_path):
     model = load_dit(tmp_path / "DiT-small.pt", num_heads=4)
     assert not model.training
     assert model.config() == dict(input_size=8, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4,
-                                  mlp_ratio=4.0, class_dropout_prob=0.1, num_classes=10, learn_sigma=True)
+                                  mlp_ratio=4.0, class_dropout_prob=0.1, num_classes=10, learn_sigma=True,
+                                  block="adaln-zero")
     x, t, y = _inputs()
     ref = reference_forward(sd, x, t, y, num_heads=4, patch=2)
     with torch.no_grad():
@@ -123,7 +124,7 @@ def test_infer_config_of_the_released_checkpoints(entry, size):
                       for k, v in keys.items() if k.startswith("blocks.0.")})
     assert infer_config(state) == dict(input_size=size, patch_size=2, in_channels=4, hidden_size=1152, depth=28,
                                        num_heads=16, mlp_ratio=4.0, class_dropout_prob=0.1, num_classes=1000,
-                                       learn_sigma=True)
+                                       learn_sigma=True, block="adaln-zero")
 
 
 def test_atomic_save_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):

@@ -6,6 +6,10 @@ no arithmetic), run once under :class:`torch.utils.flop_counter.FlopCounterMode`
 (2 per multiply-add) are halved. Patch embedding, every linear layer, adaLN and attention's two batched
 matrix products are counted; normalisation, softmax and activations are not (as in the paper).
 
+The same count covers the four block designs of the paper's ablation (``DiT(block=...)``, Sec. 3.2):
+cross-attention's extra projections and attention over the ``[t, y]`` tokens, and in-context's two extra tokens
+in every block, are counted as they run (:func:`design_table`).
+
 ``dit-models`` (:mod:`dit_core.cli.models`) prints all 12 configurations against the published figures.
 """
 
@@ -14,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..models import DiT, DiT_models, model_kwargs
+from ..models import BLOCKS, DiT, DiT_models, model_kwargs
 
 #: Published figures at 256 px: parameters (``pos_embed`` included; shared/reference) and forward Gmacs
 #: (paper Table 4 / Fig. 2, three significant figures).
@@ -80,3 +84,22 @@ def format_table(rows: list[dict]) -> str:
             f"{r['train_gflop_per_image']:>17.1f}"
         )
     return "\n".join(lines)
+
+
+#: The paper's words on the designs' cost (Sec. 3.2): cross-attention "adds the most Gflops to the model, roughly a
+#: 15% overhead"; in-context "introduces negligible new Gflops"; adaLN "adds the least Gflops".
+PAPER_CROSS_ATTENTION_OVERHEAD = 0.15
+
+
+def design_table(name: str = "DiT-XL/2", image_size: int = 256, **kwargs) -> list[dict]:
+    """Parameters and forward Gmacs of the four block designs of the named configuration, each with its overhead
+    over adaLN-Zero (``kwargs``: more :class:`DiT` arguments, e.g. ``input_size`` and ``in_channels`` of a
+    pixel-space model, which then replace the latent size that ``image_size`` gives)."""
+    rows, base = [], None
+    for block in BLOCKS:
+        model = meta_model(name, image_size, **{**kwargs, "block": block})
+        gmacs = forward_macs(model) / 1e9
+        base = gmacs if base is None else base
+        rows.append(dict(model=name, block=block, params=count_params(model), gmacs=gmacs,
+                         overhead=gmacs / base - 1.0, tokens=model.x_embedder.num_patches + model.extra_tokens))
+    return rows

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from ..atomic import DiskFullError, atomic_write
-from ..checkpoint import CheckpointError, check_state_dict, read_checkpoint
+from ..checkpoint import CheckpointError, block_of, check_block_matches, check_state_dict, read_checkpoint
+from ..models import DEFAULT_BLOCK
 from .batches import derive_seed
 from .config import ConfigError
 
@@ -154,6 +155,7 @@ def load_checkpoint(path: str | os.PathLike, *, model, ema, opt, scaler, dataset
         )
     inner = unwrap(model)
     saved = ckpt.get("config", {}).get("model_config", {})
+    check_block_matches(block_of(saved), getattr(inner, "block", DEFAULT_BLOCK), where=f"cannot resume: {path}")
     try:
         check_state_dict(inner, ckpt["model"])
     except CheckpointError as err:

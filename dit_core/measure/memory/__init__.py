@@ -29,6 +29,7 @@ from .estimator import (
     VaeShape,
     activation_bytes,
     block_saved_table,
+    check_planned,
     estimate,
     format_bytes,
     optimizer_state_bytes,
@@ -60,8 +61,8 @@ from .probes import (
 __all__ = [
     "ATTENTION", "BLOCK_SAVED", "EMA_PLACES", "GIB", "OPTIMIZERS", "PRECISIONS", "SD_VAE", "VAE_PARAMS",
     "ActivationEstimate", "MemoryEstimate", "ModelShape", "TrainSetup", "VaeShape", "activation_bytes",
-    "block_saved_table", "estimate", "format_bytes", "optimizer_state_bytes", "param_counts", "relative_error",
-    "vae_encode_bytes", "GPU_MEMORY_GIB",
+    "block_saved_table", "check_planned", "estimate", "format_bytes", "optimizer_state_bytes", "param_counts",
+    "relative_error", "vae_encode_bytes", "GPU_MEMORY_GIB",
     "Plan", "card_budget", "config_setup", "fitting_plan", "low_memory_options", "parse_memory", "plan",
     "relative_step_time", "train_command", "TensorMemoryTracker",
     "measure_saved_bytes", "measure_saved_per_sample", "optimizer_tensors", "simulate_peak", "tensor_bytes",

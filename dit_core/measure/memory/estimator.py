@@ -17,7 +17,8 @@ Weights, gradients, AdamW and EMA of DiT-XL/2 (675 M parameters) in fp32 are 13.
 activation, more than a 12 GB card holds. The activation estimate here is derived, not fitted: each DiT block
 saves the tensors listed in :data:`BLOCK_SAVED` (read off the block's forward pass, op by op), and
 :func:`dit_core.measure.memory.probes.measure_saved_bytes` counts what autograd really saves, so that tests
-and chapter 06 can compare the two.
+and chapter 06 can compare the two. The planner plans DiT's adaLN-Zero blocks only: :func:`param_counts` counts all
+four block designs of the paper's ablation, but for another design :func:`check_planned` stops the activation estimate.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ class ModelShape:
     num_classes: int = 1000
     class_dropout_prob: float = 0.1
     name: str = "custom"
+    block: str = "adaln-zero"
 
     def __post_init__(self):
+        from ...models import check_block  # a clear error for an unknown block design
+        check_block(self.block)
         if self.input_size % self.patch_size:
             raise ValueError(f"input_size {self.input_size} is not divisible by patch_size {self.patch_size}")
         if self.hidden_size % self.num_heads:
@@ -92,7 +96,7 @@ class ModelShape:
     @staticmethod
     def constructor_keys() -> tuple[str, ...]:
         return ("depth", "hidden_size", "num_heads", "patch_size", "input_size", "in_channels", "mlp_ratio",
-                "learn_sigma", "num_classes", "class_dropout_prob")
+                "learn_sigma", "num_classes", "class_dropout_prob", "block")
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for :class:`dit_core.DiT`."""
@@ -121,18 +125,27 @@ def param_counts(shape: ModelShape) -> dict:
 
     Returns ``{"total", "trainable", "blocks", "embedders", "final", "pos_embed"}``; ``pos_embed`` is a fixed
     sine-cosine table stored as a parameter that is never trained (so it has no gradient or AdamW state, but
-    the EMA copies it, as the official code does).
+    the EMA copies it, as the official code does). Every block design is counted (``shape.block``).
     """
     d, m, c, p = shape.hidden_size, shape.mlp_hidden, shape.in_channels, shape.patch_size
     linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731 - weight + bias
-    block = linear(d, 3 * d) + linear(d, d) + linear(d, m) + linear(m, d) + linear(d, 6 * d)
+    adaln = {"adaln-zero": 6, "adaln": 4}.get(shape.block)  # vectors adaLN regresses (else: 2 learned norms)
+    block = linear(d, 3 * d) + linear(d, d) + linear(d, m) + linear(m, d) + (linear(d, adaln * d) if adaln else 4 * d)
+    block += 2 * d + linear(d, d) + linear(d, 2 * d) + linear(d, d) if shape.block == "cross-attention" else 0
     label_rows = shape.num_classes + int(shape.class_dropout_prob > 0) if shape.num_classes > 0 else 0
     embedders = (c * p * p * d + d) + linear(FREQ_EMBED, d) + linear(d, d) + label_rows * d
-    final = linear(d, 2 * d) + linear(d, p * p * shape.out_channels)
+    final = (linear(d, 2 * d) if adaln else 2 * d) + linear(d, p * p * shape.out_channels)
     pos = shape.tokens * d
     total = shape.depth * block + embedders + final + pos
     return {"total": total, "trainable": total - pos, "blocks": shape.depth * block, "embedders": embedders,
             "final": final, "pos_embed": pos}
+
+
+def check_planned(shape: ModelShape) -> None:
+    """A ValueError unless the planner can estimate ``shape``'s activations (adaLN-Zero blocks)."""
+    if shape.block != "adaln-zero":
+        raise ValueError(f"the memory planner plans DiT's adaLN-Zero blocks only, not {shape.block} blocks (read off "
+                         "models.DiTBlock); measure this design with dit_core.measure.memory.measure_saved_bytes")
 
 
 def matmul_weight_count(shape: ModelShape, checkpointed: int = 0, saved_only: bool = False) -> int:
@@ -229,6 +242,7 @@ def check_attention(attn: str) -> str:
 def block_saved_table(shape: ModelShape, precision: str = "fp32", attn: str = "sdpa") -> list[dict]:
     """The rows of :data:`BLOCK_SAVED` with their bytes per token and per sample, for one block."""
     check_attention(attn)
+    check_planned(shape)
     rows = list(BLOCK_SAVED[:4]) + list(ATTENTION_SAVED[attn]) + list(BLOCK_SAVED[4:])
     out = []
     for what, keeper, width, kind in rows:
@@ -571,7 +585,6 @@ def estimate(shape: ModelShape, setup: TrainSetup | None = None, loss: str = "hy
         tail=n * (act.block_full + act.outside), vae_weights=vae_weights, vae_encode=vae_encode, batch=batch,
         activation=act,
     )
-
 
 
 def relative_error(predicted: float, measured: float) -> float:

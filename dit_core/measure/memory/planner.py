@@ -245,7 +245,7 @@ def config_setup(cfg, world_size: int = 1) -> tuple[ModelShape, TrainSetup]:
     overrides = {k: getattr(cfg, k) for k in ("depth", "hidden_size", "num_heads", "patch_size")
                  if getattr(cfg, k) is not None}
     shape = ModelShape.from_name(cfg.model, cfg.image_size, learn_sigma=cfg.learn_sigma,
-                                 class_dropout_prob=cfg.class_dropout_prob, **overrides)
+                                 class_dropout_prob=cfg.class_dropout_prob, block=cfg.block, **overrides)
     ckpt = cfg.grad_checkpointing
     checkpointed = shape.depth if ckpt is True else 0 if ckpt is False else min(int(ckpt), shape.depth)
     precision = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16"
