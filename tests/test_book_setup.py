@@ -181,3 +181,27 @@ def test_the_appendix_reads_the_h200_ladder(book_dir):
     assert 19.9 * params < ch.static < 20.1 * params  # 20 bytes a parameter: weights, gradients, AdamW, EMA
     missing = setup.tutorial_claims(parameters("appendix_tutorial_claims", GPU_RESULTS=str(book_dir)))
     assert missing.rows == {} and missing.ladder_path is None
+
+
+# ------------------------------------------------------------------------------------------------ chapter 05b's record
+def test_chapter_05b_shows_the_records_own_run():
+    """The grid and facts that chapter 05b shows on a build without a run of its own are the record's: the record's
+    section names the image and says every figure of the box."""
+    from dit_book.recorded import percent, recorded_run
+
+    run = recorded_run("small-images-recipe-samples")
+    facts = run.facts
+    record = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / facts["record"]).read_text()
+    section = record.split(f"\n## {facts['section']}. ", 1)[1].split("\n## ", 1)[0]
+    judge = facts["judge"]
+    per_class = " / ".join(f"{100 * judge['per_class'][k]:.0f}" for k in ("circle", "square", "triangle"))
+    for figure in (run.image.name, facts["date"], f"{facts['steps']:,}", f"{facts['train_seconds']:,} s",
+                   percent(judge["right"]), f"({percent(judge['clean'])})", f"{per_class} %", f"of {judge['samples']}"):
+        assert figure in section, f"{facts['record']}, section {facts['section']}, no longer says {figure!r}"
+    png = run.png()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) < 100_000  # a small committed image
+    html = run._repr_html_()
+    assert "not a run of this build" in html and "data:image/png;base64," in html and facts["machine"] in html
+    assert "not of this build" in repr(run)
+    with pytest.raises(FileNotFoundError, match="no recorded run 'nope'"):
+        recorded_run("nope")
