@@ -333,3 +333,82 @@ def test_the_library_never_imports_the_books_helpers():
             for n, line in enumerate(p.read_text().splitlines(), 1)
             if re.match(r"\s*(from|import)\s+dit_book\b", line)]
     assert not uses, f"dit_core imports dit_book at {uses}; move the code the library needs into dit_core"
+
+
+# ------------------------------------------------------------------------------------------------ the first cells
+#: A chapter's setup (its first code cell after ``parameters``) holds at most this many lines besides imports:
+#: the track, smoke sizes, stand-ins and download routes live in ``dit_book.setup``, out of the reader's way.
+SETUP_MAX_LINES = 12
+
+
+def setup_lines(source: str) -> int:
+    """Lines of a cell besides its imports: blank lines, lines that hold only a comment and every line of an import
+    statement (continuation lines included) are not counted; every other physical line is, however short."""
+    imports = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.update(range(node.lineno, node.end_lineno + 1))
+    return sum(1 for i, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and i not in imports)
+
+
+def _setup_cell(nb):
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    return next((c for c in nb.cells[at + 1:] if c.cell_type == "code"), None)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_setup_cell_is_short(notebook):
+    cell = _setup_cell(_read(notebook))
+    n = setup_lines(cell.source) if cell is not None else 0
+    assert n <= SETUP_MAX_LINES, (
+        f"{notebook.name}: the first code cell after `parameters` has {n} lines besides imports; keep it at most "
+        f"{SETUP_MAX_LINES}: put the track choice, smoke sizes, stand-ins and download routes in one function of "
+        "dit_book/setup.py that returns what the chapter uses")
+
+
+def test_setup_lines_counts_code_not_imports_or_comments():
+    source = ("import os\nfrom dit_core.data import (a,\n    b)\n\n# a comment\nx = 1  # counted\n"
+              "print(x,\n      os.sep)\n")
+    assert setup_lines(source) == 3
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_gpu_track_knobs_come_after_the_readers(notebook):
+    """A parameters cell with ``TRACK`` lists the reader's knobs first, then one comment line ``# GPU track`` with
+    ``TRACK`` and the GPU track's knobs below it."""
+    cell = next(c for c in _read(notebook).cells if "parameters" in c.metadata.get("tags", []))
+    lines = cell.source.splitlines()
+    if not any(re.match(r"TRACK\s*=", line) for line in lines):
+        return
+    marks = [i for i, line in enumerate(lines) if line.strip() == "# GPU track"]
+    assert len(marks) == 1, f"{notebook.name}: the parameters cell needs one line `# GPU track` (found {len(marks)})"
+    before = [line for line in lines[:marks[0]] if re.match(r"(TRACK\s*=|\w+\s*=.*#\s*GPU track)", line)]
+    assert not before, f"{notebook.name}: GPU-track knobs above the `# GPU track` line: {before}"
+
+
+GOALS = re.compile(r"\A\*\*After this chapter you can\*\*\n\n(?P<bullets>(?:- .+\n(?:  .+\n)*)+)\n"
+                   r"\*\*It assumes\*\* [^\n]+(?:\n[^\n]+)*\Z")
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_chapter_says_what_the_reader_can_do_after_it(notebook):
+    """Right after the running box, a markdown cell ``goals``: "**After this chapter you can**", two to four
+    bullets, and "**It assumes** ..." in one sentence."""
+    cells = _read(notebook).cells
+    goals = [i for i, c in enumerate(cells) if c.get("id") == "goals"]
+    assert goals == [2] and cells[2].cell_type == "markdown", (
+        f"{notebook.name}: needs a markdown cell with id `goals` right after the running box (found at {goals})")
+    m = GOALS.match(cells[2].source.strip() + "")
+    assert m, (f"{notebook.name}: the `goals` cell must read '**After this chapter you can**', a blank line, "
+               "2 to 4 bullets ('- ...'), a blank line, and '**It assumes** ...' (one sentence)")
+    bullets = re.findall(r"^- ", m.group("bullets"), re.M)
+    assert 2 <= len(bullets) <= 4, f"{notebook.name}: the `goals` cell has {len(bullets)} bullets; keep 2 to 4"
+
+
+def test_the_goals_format():
+    good = "**After this chapter you can**\n\n- one;\n- two,\n  on two lines.\n\n**It assumes** chapter 1,\nwrapped."
+    assert GOALS.match(good)
+    for bad in (good.replace("**It assumes** chapter 1,\nwrapped.", ""), good.replace("you can**", "you will**"),
+                good.replace("- one;\n", "one;\n"), good + "\n\nMore text."):
+        assert not GOALS.match(bad), bad
