@@ -12,9 +12,6 @@
 - :mod:`.routes`: the introduction's route by hardware, from the same sources as its chapter table;
 - :mod:`.setup`: each chapter's setup in one call (track, device, smoke sizes, stand-ins for downloads);
 - :mod:`.recorded`: a recorded run's grid and figures, where a chapter at its defaults does not train it;
-- :mod:`.routes`: the introduction's route by hardware, from the same sources as its chapter table;
-- :mod:`.setup`: each chapter's setup in one call (track, device, smoke sizes, stand-ins for downloads);
-- :mod:`.recorded`: a recorded run's grid and figures, where a chapter at its defaults does not train it;
 - :mod:`.track`, :mod:`.gpu_box`: the GPU track's cells, and what they show on a build without a GPU;
 - :mod:`.exercises`: the checkers of the "implement it" exercises;
 - :mod:`.browser`: chapter 7's live sampler, the digits model sampled in the reader's browser (ONNX Runtime Web);
