@@ -157,7 +157,8 @@ def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max
         "batch_size": cfg.batch_size, "eval_every": eval_every, "per_class": per_class, "eval_steps": eval_steps,
         "cfg_scale": spec["cfg_scale"], "sampler": "ddim", "classifier_val_accuracy": float(judge.val_accuracy),
         **cost, "evals": evals, "train_seconds": max(seconds.values()) if seconds else None,
-        "cpu_seconds_this_call": time.process_time() - cpu0, "train_cpu_seconds_this_call": train_cpu, "wall_seconds_this_call": time.perf_counter() - t0,
+        "cpu_seconds_this_call": time.process_time() - cpu0, "train_cpu_seconds_this_call": train_cpu,
+        "wall_seconds_this_call": time.perf_counter() - t0,
         "threads": torch.get_num_threads(), "final_loss": summary.get("final_loss"),
     }
     atomic_write_text(out / "record.json", json.dumps(record, indent=1) + "\n")
@@ -206,13 +207,17 @@ def summarize(records: list[dict]) -> list[dict]:
             "train_gflop": training_compute(r0["gflops"], r0["batch_size"], last),
             "accuracy": acc, "fd": fd, "final_accuracy": acc[-1] if acc else _spread([]),
             "final_fd": fd[-1] if fd else _spread([]),
-            "seconds_per_step": statistics.median(r["train_seconds"] / r["max_steps"] for r in runs
-                                                  if r.get("train_seconds")) if any(r.get("train_seconds") for r in runs) else None,
+            "seconds_per_step": _median_or_none([r["train_seconds"] / r["max_steps"] for r in runs
+                                                 if r.get("train_seconds")]),
             "real_floor": statistics.median(e["real_floor"] for r in runs for e in r["evals"]) if r0["evals"] else None,
         })
     order = list(DESIGNS) + [f"{s}/{p}" for s in SIZES for p in PATCHES]
     rows.sort(key=lambda r: order.index(r["variant"]) if r["variant"] in order else len(order))
     return rows
+
+
+def _median_or_none(values: list[float]):
+    return statistics.median(values) if values else None
 
 
 def training_compute(gflops: float, batch_size: int, steps: int) -> float:
@@ -231,14 +236,15 @@ def _cell(s: dict, fmt: str = "{:.2f}", pct: bool = False) -> str:
 
 
 def format_blocks_table(rows: list[dict], steps: list[int] | None = None) -> str:
-    """The block-design table: per design its Gflops, parameters, and FD and class accuracy at some scored steps
-    (default: a third, two thirds and all of the budget), median [min, max] over seeds."""
+    """The block-design table: per design its Mflops (the paper's Gflops, forward multiply-adds per image, x 1000),
+    parameters, and FD and class accuracy at some scored steps (default: a third, two thirds and all of the budget),
+    median [min, max] over seeds."""
     if not rows:
         return "(no records)"
     all_steps = [p["step"] for p in rows[0]["fd"]]
     steps = steps or sorted({all_steps[max(0, len(all_steps) // 3 - 1)], all_steps[max(0, 2 * len(all_steps) // 3 - 1)],
                              all_steps[-1]})
-    head = "| design | Gflops | params | " + " | ".join(f"FD @ {s}" for s in steps) + " | " + \
+    head = "| design | Mflops | params | " + " | ".join(f"FD @ {s}" for s in steps) + " | " + \
         " | ".join(f"accuracy @ {s}" for s in steps) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(steps))]
     for r in rows:
@@ -246,19 +252,20 @@ def format_blocks_table(rows: list[dict], steps: list[int] | None = None) -> str
         acc = {p["step"]: p for p in r["accuracy"]}
         cells = [_cell(fd[s]) if s in fd else "-" for s in steps] + \
             [_cell(acc[s], pct=True) if s in acc else "-" for s in steps]
-        lines.append(f"| {r['variant']} | {r['gflops']:.4f} | {r['params'] / 1e6:.2f} M | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['variant']} | {1e3 * r['gflops']:.2f} | {r['params'] / 1e6:.2f} M | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def format_scaling_table(rows: list[dict]) -> str:
-    """The scaling table: per configuration its tokens, Gflops, parameters, training compute and the final FD and
-    class accuracy, median [min, max] over seeds."""
+    """The scaling table: per configuration its tokens, Mflops (the paper's Gflops x 1000), parameters, training
+    compute and the final FD and class accuracy, median [min, max] over seeds."""
     if not rows:
         return "(no records)"
-    lines = ["| model | tokens | Gflops | params | training compute (Gflop) | final FD | final accuracy |",
+    lines = ["| model | tokens | Mflops | params | training compute (Gflop) | final FD | final accuracy |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['tokens']} | {r['gflops']:.4f} | {r['params'] / 1e6:.2f} M | "
+        lines.append(f"| {r['variant']} | {r['tokens']} | {1e3 * r['gflops']:.2f} | {r['params'] / 1e6:.2f} M | "
                      f"{r['train_gflop']:.3g} | {_cell(r['final_fd'])} | {_cell(r['final_accuracy'], pct=True)} |")
     return "\n".join(lines)
 
@@ -321,9 +328,9 @@ def trade_offs(rows: list[dict], within: float = 1.6) -> list[dict]:
             sb, pb = b["variant"].split("/")
             if ratio < within and sa != sb and pa != pb:
                 pairs.append({"a": a["variant"], "b": b["variant"], "gflops_ratio": ratio,
-                              "fd": (a["final_fd"], b["final_fd"]), "accuracy": (a["final_accuracy"], b["final_accuracy"]),
-                              "overlap_fd": not (a["final_fd"]["max"] < b["final_fd"]["min"]
-                                                 or b["final_fd"]["max"] < a["final_fd"]["min"])})
+                              "fd": (a["final_fd"], b["final_fd"]),
+                              "accuracy": (a["final_accuracy"], b["final_accuracy"]),
+                              "overlap_fd": not separated(a["final_fd"], b["final_fd"])})
     return pairs
 
 
@@ -401,7 +408,7 @@ def plot_gflops(records: list[dict], ax=None):
                     fmt=markers.get(int(patch), "o"), color=colour, capsize=3, label=r["variant"])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("Gflops (forward multiply-adds per image)")
+    ax.set_xlabel("Gflops (forward multiply-adds per image, in G)")
     ax.set_ylabel("final FD")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=3)
