@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 WITHOUT_MUON = textwrap.dedent("""
@@ -99,4 +101,22 @@ def test_pyproject_and_conda_declare_the_same_torch_floor():
     conda = declared_floor((REPO / "environment.yml").read_text())
     assert pyproject == conda
     # Muon needs a newer torch than the floor: the trainer imports it only for optimizer muon
-    assert tuple(map(int, pyproject.split("."))) < (2, 9)
+    assert version(pyproject) < (2, 9)
+
+
+def version(text: str) -> tuple:
+    return tuple(int(part) for part in text.split(".")[:2])
+
+
+def test_the_floor_is_not_below_what_diffusers_asks_for():
+    """diffusers (the VAE, DPM-Solver++, the diffusers export) names its own torch floor in its torch extra;
+    the installed release's floor must not be above ours."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        wanted = [re.search(r"torch>=([0-9.]+)", r) for r in requires("diffusers") or [] if r.startswith("torch>=")]
+    except PackageNotFoundError:
+        pytest.skip("diffusers is not installed")
+    ours = version(declared_floor((REPO / "pyproject.toml").read_text()))
+    for match in filter(None, wanted):
+        assert version(match.group(1)) <= ours, f"diffusers asks for torch>={match.group(1)}; pyproject says {ours}"
