@@ -308,6 +308,19 @@ def save_checkpoints(out: Path, parts: Parts, cfg: TrainConfig, step: int, sampl
         save_or_explain(out / "checkpoints" / name, ckpt, saved, out)
 
 
+def resume_and_budget(ckpt_path: Path | None, cfg: TrainConfig, parts: Parts, data: TrainingData, procs) -> tuple:
+    """``(step, samples_seen, loss, budget)``: where the run starts (a checkpoint, if resumed) and its
+    :class:`TimeBudget` (a resumed run keeps the length its budget decided)."""
+    step, samples_seen, loss_value, budget_steps = 0, 0, float("nan"), None
+    if ckpt_path is not None:
+        step, samples_seen, loss_value, budget_steps = resume_from(ckpt_path, cfg, parts.model, parts.ema, parts.opt,
+                                                                   parts.stepper, data.dataset, procs, parts.extras)
+    device = procs.device
+    budget = TimeBudget(cfg.max_minutes, cfg.max_steps, cfg.warmup_steps, step, budget_steps,
+                        sync=lambda: torch.cuda.synchronize(device) if device.type == "cuda" else None)
+    return step, samples_seen, loss_value, budget
+
+
 def open_batches(cfg: TrainConfig, data: TrainingData, procs, step: int, samples_seen: int):
     """This process's micro-batches from ``step`` on (:mod:`.batches`: the order is a function of the seed)."""
     sampler = MicroBatches(DataOrder(len(data.dataset), cfg.seed), cfg.seed, cfg.batch_size, cfg.grad_accum,
@@ -359,12 +372,7 @@ def _train(cfg: TrainConfig, dataset=None, overrides: Overrides | None = None) -
 
     # -- resume, the time budget, the batches ---------------------------------------------------------------
     ckpt_path = resume_path(cfg, out)
-    step, samples_seen, loss_value, budget_steps = 0, 0, float("nan"), None
-    if ckpt_path is not None:
-        step, samples_seen, loss_value, budget_steps = resume_from(ckpt_path, cfg, model, ema, opt, stepper,
-                                                                   data.dataset, procs, parts.extras)
-    budget = TimeBudget(cfg.max_minutes, cfg.max_steps, cfg.warmup_steps, step, budget_steps,
-                        sync=lambda: torch.cuda.synchronize(device) if device.type == "cuda" else None)
+    step, samples_seen, loss_value, budget = resume_and_budget(ckpt_path, cfg, parts, data, procs)
     cfg = dataclasses.replace(cfg, max_steps=budget.planned or cfg.max_steps)
     run_config = run_facts(cfg, precision, procs, data, model, budget, overrides)
     if procs.is_main:
