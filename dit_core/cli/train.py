@@ -16,7 +16,9 @@ process computes (:mod:`dit_core.train.distributed`), so the run is the same run
 key (``--key=value`` works too, a bare ``--flag`` means true). Hyphens and underscores are the same, and the
 spellings of the official ``train.py`` and of the single-GPU tutorials are accepted (``--global-batch-size``,
 ``--results-dir``, ``--gradient_accumulation_steps``, ``--use_checkpoint``, ...). ``dit-train --help`` lists
-every key.
+every key. Before the run starts, ``dit-train`` prints every setting of the profile that the command line changed
+(old -> new), and says so when a model name or size key resizes the profile's model, whose other settings were
+tuned for its own size (:mod:`dit_core.train.overrides`; recorded in ``<out>/config.yaml`` under ``run:``).
 
 Stopping: SIGTERM, SIGUSR1 (what clusters and spot instances send before they stop a job) and Ctrl-C save a
 checkpoint at the end of the step in progress and stop; the exit status is then 128 + the signal number (143,
