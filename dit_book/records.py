@@ -89,8 +89,7 @@ def _digits(results: Path) -> ProfileRow:
     return ProfileRow(
         "digits", HARDWARE["digits"],
         f"{runs[0]['steps']:,} steps in {minutes} min on {rec['hardware']}",
-        f"{right} % of samples are the digit asked for ({len(runs)} runs, {runs[0]['samples']} samples each, on "
-        f"{rec['hardware']})",
+        f"{right} % the digit asked for, on that CPU ({len(runs)} runs x {runs[0]['samples']} samples)",
         "digits-profile.md")
 
 
@@ -101,7 +100,7 @@ def _small_images(results: Path) -> ProfileRow:
     def measured(runs: list[dict], hardware: str) -> tuple[str, str]:
         steps = _span([r["steps"] for r in runs], lambda s: f"{s:,}")
         right = _span([r["right_150"] for r in runs], lambda x: f"{100 * x:.1f}")
-        return f"{steps} steps on {hardware}", f"{right} % on {hardware}"
+        return f"{steps} steps on {hardware}", f"{right} % on {hardware.split(' with')[0]}"
 
     time, result = measured(rec["runs"], rec["hardware"])
     for other in rec.get("other_machines", []):
@@ -109,7 +108,7 @@ def _small_images(results: Path) -> ProfileRow:
         time, result = f"{time}; {t2}", f"{result}; {r2}"
     return ProfileRow(
         "small-images", HARDWARE["small-images"], f"a 9.5-minute budget: {time}",
-        f"generated shapes that are the shape asked for: {result} (3 runs a machine, 150 samples each; chance 33 %)",
+        f"the shape asked for: {result} (3 runs x 150 samples a CPU; chance 33 %)",
         "small-images-recipe.md")
 
 
@@ -133,11 +132,16 @@ def _trainer_profile(profile: str, results: Path) -> ProfileRow | None:
 
             ips, cap = row["steady_images_per_s"], row["limit_gib"]
             return ProfileRow(profile, HARDWARE[profile],
-                              f"DiT-XL/2: {ips:.0f} img/s measured on an {rec['gpu']} capped at {cap:g} GiB"
+                              f"{ips:.0f} img/s on an {_short(rec['gpu'])} capped at {cap:g} GiB"
                               f"{_card_estimate(profile, mfu_of(ips, 989.0))}",
-                              f"`dit-train` peaks at {row['peak_memory_gb']:.1f} GiB under the {cap:g} GiB cap on the "
-                              f"{rec['gpu']}", "gpu-ladder-h200.md")
+                              f"{row['peak_memory_gb']:.1f} GiB peak on that {_short(rec['gpu'])} (a `dit-train` run)",
+                              "gpu-ladder-h200.md")
     return None
+
+
+def _short(gpu: str) -> str:
+    """``"NVIDIA H200"`` -> ``"H200"``."""
+    return gpu.removeprefix("NVIDIA ")
 
 
 def _card_estimate(profile: str, mfu: float) -> str:
@@ -148,7 +152,7 @@ def _card_estimate(profile: str, mfu: float) -> str:
     if name is None:
         return ""
     ips = estimates.training_estimate(name, mfu=mfu)["images_per_s"]
-    return f"; on an {name}: ~{ips:.0f} img/s (estimate from its peak)"
+    return f" ({name}: ~{ips:.0f}, estimate)"
 
 
 def _planner_choice(profile: str, results: Path) -> ProfileRow | None:
@@ -159,13 +163,13 @@ def _planner_choice(profile: str, results: Path) -> ProfileRow | None:
 
             cap, ips = row["memory_limit_gib"], row["images_per_s"]
             blocks = row.get("checkpointed_blocks") or 0
-            setup = (f"micro-batch {row['batch_size']} x {256 // row['batch_size']}, "
-                     + (f"{blocks} blocks checkpointed" if blocks else "no checkpointing"))
+            setup = f"{row['batch_size']} x {256 // row['batch_size']}, " + (
+                f"{blocks} blocks checkpointed" if blocks else "no checkpointing")
             return ProfileRow(profile, HARDWARE[profile],
-                              f"DiT-XL/2: {ips:.0f} img/s measured on an {rec['gpu']} capped at {cap:g} GiB"
+                              f"{ips:.0f} img/s on an {_short(rec['gpu'])} capped at {cap:g} GiB"
                               f"{_card_estimate(profile, mfu_of(ips, 989.0))}",
-                              f"a `dit-bench` step of its setup ({setup}), not a `dit-train` run, peaks at "
-                              f"{row['peak_bytes'] / 2**30:.1f} GiB under the {cap:g} GiB cap on the {rec['gpu']}",
+                              f"{row['peak_bytes'] / 2**30:.1f} GiB peak on that {_short(rec['gpu'])}: a `dit-bench` "
+                              f"step of its {setup} (not `dit-train`)",
                               "planner-check-h200.md")
     return None
 
