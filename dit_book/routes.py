@@ -31,8 +31,8 @@ class Route:
 
 
 ROUTES = (
-    Route("a laptop, no GPU", (), "a digits DiT of your own (chapter 5), sampled with guidance and scored (7); the "
-          "`small-images` record's samples (5b), and its commands for your own pictures"),
+    Route("a laptop, no GPU", (), "your own digits DiT, trained (chapter 5), sampled and scored (7); the "
+          "`small-images` record's samples (5b)"),
     Route("12 GB", ("NVIDIA GeForce RTX 3060",), "", ("rtx3060-12gb",)),
     Route("24 GB", ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"), "", ("rtx3090-24gb",)),
     Route("40-80 GB", ("NVIDIA A100", "NVIDIA H100 SXM"), "", ("a100-40gb", "a100-80gb", "h100-80gb")),
@@ -98,16 +98,16 @@ def _gpu_cells(route: Route, stems: list[str], data: dict, first: bool) -> tuple
         fid.append(f"{track.fid_samples_within(peak):,}")
     split = ", ".join(f"{s.split('_')[0]} {_both(v)}" for s, v in per_chapter.items())
     time = f"{' / '.join(totals)} min ({'estimate' if estimated else 'measured'}: {split})"
-    nxt = "next: DiT-XL/2 with " + ", ".join(f"`{p}`" for p in route.next_profiles)
+    nxt = "next: " + ", ".join(f"`{p}`" for p in route.next_profiles)
     if first:
         gpu_track = ", ".join(s.split("_")[0] for s in track.costs(1.0))
         chapters = f"all {len(stems)}; {gpu_track} take the GPU track"
-        end = (f"Imagenette as latents; a {cfg.model} trained for {track.DEFAULTS['train_minutes']:.0f} minutes "
-               f"({_both(steps)} steps, estimate) that goes on at every re-run; its samples and FID beside the official "
-               f"DiT-XL/2's ({_both(fid)} samples each); {nxt}")
+        end = (f"Imagenette latents; a {cfg.model} after {track.DEFAULTS['train_minutes']:.0f} minutes ({_both(steps)} "
+               f"steps, estimate), longer at each re-run; its FID beside the official DiT-XL/2's ({_both(fid)} "
+               f"samples); {nxt}")
     else:
         chapters = "the same"
-        end = f"the same, with {_both(steps)} steps (estimate) and {_both(fid)} FID samples; {nxt}"
+        end = f"{_both(steps)} steps (estimate), {_both(fid)} FID samples; {nxt}"
     return f"{route.hardware}: {' / '.join(short(c) for c in route.cards)}", chapters, time, end
 
 
