@@ -1,11 +1,18 @@
 """Checkers for the book's "implement it" exercises: the reader writes a piece of DiT, the checker compares it
 with ``dit_core`` on random inputs and says which part differs.
 
-* :func:`check_patchify` (chapter 3): patchify and unpatchify, against ``DiT.unpatchify`` and ``PatchEmbed``
-  (the strided convolution is a linear layer applied to each patch);
-* :func:`check_ddim_step` (chapter 4): one deterministic DDIM step (Song et al. 2021, eq. 12 with eta = 0),
-  against ``GaussianDiffusion.ddim_sample``, step by step and over a whole 50-step loop;
-* :func:`check_guidance` (chapter 7): the classifier-free guidance combination as a sampler's ``model_fn``
+* chapter 3, DiT's parts in the order of the paper's Figure 3: :func:`check_patchify` (patchify and unpatchify,
+  against ``DiT.unpatchify`` and ``PatchEmbed``, a linear layer applied to each patch),
+  :func:`check_timestep_embedder` (sinusoidal features and their MLP), :func:`check_label_embedder` (label dropout
+  and the null class), :func:`check_dit_block` (the adaLN-Zero block: shift, scale, gate, zero at the start),
+  :func:`check_final_layer`, and :func:`check_dit`, the assembled model, which loads a ``dit_core`` DiT's state
+  dict and gives its outputs (:mod:`dit_book.my_dit` holds the chapter's solutions);
+* chapter 4: :func:`check_q_sample` (DDPM eq. 4) and :func:`check_simple_loss` (``L_simple``, value and gradient),
+  and :func:`check_ddim_step`, one deterministic DDIM step (Song et al. 2021, eq. 12 with eta = 0) against
+  ``GaussianDiffusion.ddim_sample``, step by step and over a whole 50-step loop;
+* chapter 5: :func:`check_training_step` (noise, steps, loss, AdamW, EMA) against ``TrainStep`` from the same
+  seed, and :func:`check_newton_schulz`, Muon's iteration in fp32;
+* chapter 7: :func:`check_guidance`, the classifier-free guidance combination as a sampler's ``model_fn``
   (Ho & Salimans 2022; DiT Sec. 4), against ``DiT.forward_with_cfg``.
 
 Each returns a one-line summary when everything matches and raises ``AssertionError`` naming the first check
