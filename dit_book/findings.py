@@ -316,6 +316,16 @@ def correlations(rows: list[dict], step: int | None = None) -> dict:
             "spearman_gflops_fd": pearson(_ranks([p[0] for p in pts]), _ranks([p[1] for p in pts]))}
 
 
+def compute_to(rows: list[dict], target: float) -> dict[str, float | None]:
+    """Per configuration, the training compute (Gflop, :func:`training_compute`) at the first scored step where its
+    median FD is at most ``target``; None when it never gets there (the paper's Figure 9 read at one FD)."""
+    out = {}
+    for r in rows:
+        hit = next((p["step"] for p in r["fd"] if p["median"] <= target), None)
+        out[r["variant"]] = training_compute(r["gflops"], r["batch_size"], hit) if hit is not None else None
+    return out
+
+
 def trade_offs(rows: list[dict], within: float = 1.6) -> list[dict]:
     """Pairs of scaling configurations whose Gflops differ by less than ``within`` x but that get them from
     another size and patch (one larger model with larger patches, one smaller with smaller patches): the paper's

@@ -30,7 +30,8 @@ END = "<!-- end of the profile table -->"
 
 #: The records every README, chapter and profile may name (one per study).
 RECORDS = ("small-images-recipe.md", "converging-faster.md", "cpu-vs-official.md", "gpu-ladder-h200.md",
-           "planner-check-h200.md", "tutorial-claims.md", "digits-profile.md", "browser-sampler.md")
+           "planner-check-h200.md", "tutorial-claims.md", "digits-profile.md", "browser-sampler.md",
+           "paper-findings.md")
 
 #: The table's rows, in order: every profile in dit_core/configs, with the hardware it is made for.
 HARDWARE = {

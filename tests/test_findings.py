@@ -73,6 +73,9 @@ def test_correlations_and_trade_offs():
     assert [(p["a"], p["b"]) for p in pairs] == [("S/2", "B/4")]  # 4.0 vs 3.5 Gflops, another size and patch
     assert not pairs[0]["overlap_fd"]  # 1.25 [1.25, 1.27] vs 1.43 [1.43, 1.45]
     assert math.isnan(findings.pearson([1, 2], [3, 4]))
+    reach = findings.compute_to(rows, 3.0)  # FD <= 3: S/4 never (10, 5), S/2 (2.5) and B/2 (0.7) at their first step
+    assert reach["S/4"] is None and reach["B/2"] == pytest.approx(3 * 14e-3 * 64 * 100)
+    assert reach["S/2"] == pytest.approx(findings.training_compute(4e-3, 64, 100))
 
 
 def test_the_gpu_study_variants_and_costs():
