@@ -93,12 +93,16 @@ def model_cost(overrides: dict, profile: str = "digits") -> dict:
 
 def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
             eval_every: int | None = None, per_class: int | None = None, eval_steps: int | None = None,
-            overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False) -> dict:
+            overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False,
+            quiet: bool = False) -> dict:
     """Train ``variant`` of ``study`` with ``seed`` in ``work/<study>/<variant>/seed<seed>``, score its EMA model
     every ``eval_every`` steps without guidance, and return the run's record (also written to ``record.json``).
 
-    ``overrides``: further config keys (e.g. a smaller model for a smoke run). Resumes a killed run.
+    ``overrides``: further config keys (e.g. a smaller model for a smoke run); ``quiet``: the trainer's lines go to
+    ``train.log`` in the run's folder instead of the screen. Resumes a killed run.
     """
+    import contextlib
+
     import torch
 
     from dit_core.checkpoint import load_dit
@@ -123,7 +127,9 @@ def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max
         **settings})
     out.mkdir(parents=True, exist_ok=True)
     cpu0, t0 = time.process_time(), time.perf_counter()
-    summary = train(cfg)
+    with open(out / "train.log", "a") if quiet else contextlib.nullcontext() as log, \
+            contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext():
+        summary = train(cfg)
     train_cpu = time.process_time() - cpu0
     if summary.get("interrupted"):
         raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
@@ -554,11 +560,12 @@ def run_live(designs, work, *, max_steps: int, eval_every: int, per_class: int, 
              overrides: dict | None = None, jobs: int = 2, seed: int = 0) -> list[dict]:
     """The block-design study at a reduced size, as the chapter runs it: ``designs`` trained on the digits for
     ``max_steps`` each (the learning rate decays over them), scored every ``eval_every`` steps without guidance,
-    ``jobs`` runs at a time on one thread each. Returns the records (a fresh measurement: ``work`` is cleared)."""
+    ``jobs`` runs at a time on one thread each, the trainer's lines in each run's ``train.log``. Returns the records
+    (a fresh measurement: ``work`` is cleared)."""
     work = Path(work)
     shutil.rmtree(work / "blocks", ignore_errors=True)
     kw = dict(max_steps=max_steps, eval_every=eval_every, per_class=per_class, eval_steps=eval_steps,
-              overrides=overrides or {})
+              overrides=overrides or {}, quiet=True)
     job_list = [dict(study="blocks", variant=d, seed=seed, work=str(work), kw=kw) for d in designs]
     if jobs <= 1 or len(job_list) == 1:
         return [_run(job) for job in job_list]

@@ -40,7 +40,8 @@ COMMON_PARAMS = {"SMOKE": True}
 SMOKE_PARAMS: dict[str, dict] = {}
 # The GPU track forced on the CPU (see above), for every notebook that declares TRACK.
 GPU_TRACK_PARAMS = {"TRACK": "gpu"}
-GPU_TRACK_NOTEBOOKS = ["00_environment", "01_data", "02_latents", "05b_your_data", "07_sampling"]
+GPU_TRACK_NOTEBOOKS = ["00_environment", "01_data", "02_latents", "05b_your_data", "07_sampling",
+                       "07c_paper_findings"]
 # Wall-clock budget of one smoke run (kernel start included), per notebook stem; default below.
 TIME_BUDGET_S: dict[str, float] = {}
 DEFAULT_BUDGET_S = 300.0  # a guard against SMOKE settings that grew, not a speed test: ~2 min is usual on 2 cores
