@@ -113,11 +113,12 @@ def reference_statistics(data_dir, image_size: int, inception, device, limit: in
 def run_one(study: str, variant: str, work: str | os.PathLike, *, latents_dir, labels, vae, inception, ref_stats,
             device, seed: int = 0, steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
             eval_every: int = DEFAULTS["eval_every"], fid_samples: int = DEFAULTS["fid_samples"],
-            fid_steps: int = DEFAULTS["fid_steps"], overrides: dict | None = None, profile: str = "imagenette-b2",
+            fid_steps: int = DEFAULTS["fid_steps"], overrides: dict | None = None, profile: str | None = None,
             image_size: int = 256, progress: bool = True, **variant_kwargs) -> dict:
     """Train ``variant`` on the latents in ``latents_dir`` for ``steps`` and score its EMA model every ``eval_every``
     steps by FID (``fid_samples`` unguided samples of ``labels``, balanced, decoded by ``vae``) against
-    ``ref_stats``. Resumes a killed run; returns the record (also ``record.json`` in the run's folder)."""
+    ``ref_stats``. ``profile``: the recipe (default: `imagenette-b2`, or `imagenette-b2-fp16` on a GPU without
+    bf16). Resumes a killed run; returns the record (also ``record.json`` in the run's folder)."""
     from dit_core.checkpoint import load_dit
     from dit_core.diffusion import create_diffusion
     from dit_core.eval.fid import feature_statistics, frechet_distance
@@ -126,6 +127,9 @@ def run_one(study: str, variant: str, work: str | os.PathLike, *, latents_dir, l
     from dit_core.train import make_config, train
 
     settings = {**variants(study, **variant_kwargs)[variant], **(overrides or {})}
+    if profile is None:
+        cuda = torch.device(device).type == "cuda"
+        profile = "imagenette-b2-fp16" if cuda and resolve_precision("auto", device) != "bf16" else "imagenette-b2"
     out = Path(work) / study / variant.replace("/", "-") / f"seed{seed}"
     if (out / "record.json").is_file():
         return json.loads((out / "record.json").read_text())
