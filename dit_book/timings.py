@@ -46,6 +46,9 @@ START_UP_S = 60.0
 #: Chapters with GPU work that :func:`dit_book.track.costs` does not cover: (seconds, what it is), estimates.
 OTHER_GPU_WORK = {
     "06_memory_and_speed": (300.0, "DiT-XL/2 measured on the card, compilation included"),
+    # dit_book.findings_gpu.costs on an RTX 4090 at the chapter's defaults (1,402 s), plus a minute of start-up
+    "07c_paper_findings": (1462.0, "the block designs and the scaling grid on Imagenette latents with FID "
+                                   "(`dit_book.findings_gpu.costs`), plus a minute of start-up"),
 }
 #: What comes on top of a chapter's GPU time (downloads), or what most of it is. The chapter that trains on the
 #: GPU track (the one :func:`dit_book.track.costs` gives the training budget) gets :func:`training_note`.
