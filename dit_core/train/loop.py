@@ -379,9 +379,11 @@ def _train(cfg: TrainConfig, dataset=None, overrides: Overrides | None = None) -
         save_run_config(cfg, out, run_config)
 
     # -- the loop -----------------------------------------------------------------------------------------
+    batches = open_batches(cfg, data, procs, step, samples_seen)  # before the log opens: a preload takes time, and
+    # a stop signal before StopSignals below cannot save (a run whose log exists is expected to save when stopped)
     monitor = Monitor(out, procs.is_main, step, cfg.max_steps, cfg.batch_size, device, cfg.log_every,
                       cfg.tensorboard, cfg.progress)
-    batches = monitor.timed(open_batches(cfg, data, procs, step, samples_seen))  # data waits go into the log
+    batches = monitor.timed(batches)  # data waits go into the log
     grids = sorted((out / "samples").glob("step_*.png")) if ckpt_path is not None else []
     start_step, last_grid, stopped = step, (grids[-1] if grids else None), None
     saved = Saved(step if ckpt_path is not None else None)
