@@ -128,51 +128,32 @@ def training_seconds(metrics_path: Path) -> dict[int, float]:
     return seconds
 
 
-def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
-            eval_every: int | None = None, per_class: int | None = None, eval_steps: int | None = None,
-            overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False) -> dict:
-    """Train ``method`` on ``dataset`` with ``seed`` for ``max_steps`` (default: the profile's) in
-    ``work/<dataset>/<method>/seed<seed>``, score every ``eval_every`` steps, and return the run's record.
+def study_config(profile: str, settings: dict, *, data_path, out, seed: int, max_steps: int, eval_every: int,
+                 progress: bool = False):
+    """The trainer's config for one run of a study: ``max_steps`` and no time budget (equal steps for every
+    variant, not equal minutes), a checkpoint every ``eval_every`` steps for :func:`score_checkpoints`, no sample
+    grids, resumed when its folder holds a checkpoint; ``settings`` last, so a variant's keys win."""
+    from dit_core.train import make_config
 
-    Resumes a killed run. ``overrides``: further config keys (e.g. a smaller model for a smoke run). Scored
-    checkpoints are deleted unless ``keep_checkpoints``; the record is also written to ``record.json``.
-    """
-    import torch
-
-    from dit_core.diffusion import create_process
-    from dit_core.eval.classwise import sample_and_score
-    from dit_core.train import make_config, train
-    from dit_core.train.config import read_profile
-    from dit_core.checkpoint import load_dit
-
-    spec = DATASETS[dataset]
-    work = Path(work)
-    out = work / dataset / method / f"seed{seed}"
-    if (out / "record.json").is_file():
-        return json.loads((out / "record.json").read_text())
-    profile = read_profile(spec["profile"])
-    max_steps = int(max_steps or spec.get("max_steps") or profile.get("max_steps", 1000))
-    eval_every = int(eval_every or spec["eval_every"])
-    per_class, eval_steps = int(per_class or spec["per_class"]), int(eval_steps or spec["eval_steps"])
-    settings = {**config_overrides(method, max_steps), **(overrides or {})}
-    data_path = settings.pop("data_path", None) or prepare_data(dataset, work)
-    cfg = make_config(spec["profile"], {
+    return make_config(profile, {
         "data_path": data_path, "out": str(out), "seed": seed, "max_steps": max_steps, "ckpt_every": eval_every,
         "keep_every": eval_every, "log_every": eval_every, "sample_every": 0, "sample_at_end": False,
-        "tensorboard": False, "progress": progress, "resume": "auto", "num_workers": 0,
-        "max_minutes": 0, **settings})  # equal steps for every method, not equal minutes
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    fresh = not (out / "checkpoints" / "last.pt").exists()
-    summary = train(cfg)
-    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record now would be partial
-        raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
-                                f"{summary.get('steps')}; run the benchmark again to resume this run")
-    # building the model and the data, and with REPA on pixels fitting the teacher: once per run
-    setup = summary["wall_seconds"] - summary["train_seconds"] if fresh else None
-    seconds = training_seconds(out / "metrics.jsonl")
+        "tensorboard": False, "progress": progress, "resume": "auto", "num_workers": 0, "max_minutes": 0,
+        **settings})
 
-    # score every kept checkpoint, oldest first; each score is kept, so a killed evaluation continues
+
+def score_checkpoints(out: Path, cfg, dataset: str, *, per_class: int, eval_steps: int, cfg_scale: float,
+                      seconds: dict, keep_checkpoints: bool = False) -> tuple[list[dict], object]:
+    """Score every kept checkpoint of the run in ``out``, oldest first (DDIM with ``eval_steps``, ``per_class``
+    samples a class, seed 0): ``(evals, judge)``. Each score is written to ``evals.json`` as it comes, so a killed
+    evaluation continues; a scored checkpoint is deleted unless ``keep_checkpoints``. ``seconds``: training
+    seconds by step (:func:`training_seconds`)."""
+    import torch
+
+    from dit_core.checkpoint import load_dit
+    from dit_core.diffusion import create_process
+    from dit_core.eval.classwise import sample_and_score
+
     evals_path = out / "evals.json"
     evals = json.loads(evals_path.read_text()) if evals_path.is_file() else []
     done = {e["step"] for e in evals}
@@ -188,13 +169,57 @@ def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, ma
             model = load_dit(path)
             with torch.random.fork_rng(devices=[]):
                 result = sample_and_score(model, process, judge, class_names=classes, per_class=per_class,
-                                          cfg_scale=cfg.sample_cfg_scale, sampler="ddim", steps=eval_steps, seed=0)
+                                          cfg_scale=cfg_scale, sampler="ddim", steps=eval_steps, seed=0)
             evals.append({"step": step, "seconds": seconds.get(step), "class_accuracy": result["class_accuracy"],
                           "frechet_distance": result["frechet_distance"], "real_floor": result["real_floor"]})
             evals.sort(key=lambda e: e["step"])
             atomic_write_text(evals_path, json.dumps(evals, indent=1) + "\n")
         if not keep_checkpoints:
             path.unlink(missing_ok=True)
+    return evals, judge
+
+
+def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
+            eval_every: int | None = None, per_class: int | None = None, eval_steps: int | None = None,
+            overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False) -> dict:
+    """Train ``method`` on ``dataset`` with ``seed`` for ``max_steps`` (default: the profile's) in
+    ``work/<dataset>/<method>/seed<seed>``, score every ``eval_every`` steps, and return the run's record.
+
+    Resumes a killed run. ``overrides``: further config keys (e.g. a smaller model for a smoke run). Scored
+    checkpoints are deleted unless ``keep_checkpoints``; the record is also written to ``record.json``.
+    """
+    import torch
+
+    from dit_core.train import train
+    from dit_core.train.config import read_profile
+
+    spec = DATASETS[dataset]
+    work = Path(work)
+    out = work / dataset / method / f"seed{seed}"
+    if (out / "record.json").is_file():
+        return json.loads((out / "record.json").read_text())
+    profile = read_profile(spec["profile"])
+    max_steps = int(max_steps or spec.get("max_steps") or profile.get("max_steps", 1000))
+    eval_every = int(eval_every or spec["eval_every"])
+    per_class, eval_steps = int(per_class or spec["per_class"]), int(eval_steps or spec["eval_steps"])
+    settings = {**config_overrides(method, max_steps), **(overrides or {})}
+    data_path = settings.pop("data_path", None) or prepare_data(dataset, work)
+    cfg = study_config(spec["profile"], settings, data_path=data_path, out=out, seed=seed, max_steps=max_steps,
+                       eval_every=eval_every, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    fresh = not (out / "checkpoints" / "last.pt").exists()
+    summary = train(cfg)
+    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record now would be partial
+        raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
+                                f"{summary.get('steps')}; run the benchmark again to resume this run")
+    # building the model and the data, and with REPA on pixels fitting the teacher: once per run
+    setup = summary["wall_seconds"] - summary["train_seconds"] if fresh else None
+    seconds = training_seconds(out / "metrics.jsonl")
+
+    evals, judge = score_checkpoints(out, cfg, dataset, per_class=per_class, eval_steps=eval_steps,
+                                     cfg_scale=cfg.sample_cfg_scale, seconds=seconds,
+                                     keep_checkpoints=keep_checkpoints)
     record = {
         "dataset": dataset, "method": method, "seed": seed, "settings": settings, "max_steps": max_steps,
         "batch_size": cfg.batch_size, "eval_every": eval_every, "per_class": per_class, "eval_steps": eval_steps,

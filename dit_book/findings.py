@@ -34,7 +34,7 @@ from pathlib import Path
 from dit_core.atomic import atomic_write_text
 from dit_core.models import BLOCKS
 
-from .convergence import judge_for, prepare_data, training_seconds
+from .convergence import prepare_data, score_checkpoints, study_config, training_seconds
 
 #: The block designs, in the order of the paper's Fig. 5 legend.
 DESIGNS = ("in-context", "cross-attention", "adaln", "adaln-zero")
@@ -105,10 +105,7 @@ def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max
 
     import torch
 
-    from dit_core.checkpoint import load_dit
-    from dit_core.diffusion import create_process
-    from dit_core.eval.classwise import sample_and_score
-    from dit_core.train import make_config, train
+    from dit_core.train import train
 
     spec = STUDIES[study]
     settings = {**variants(study)[variant], **(overrides or {})}
@@ -120,11 +117,8 @@ def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max
     eval_every = int(eval_every or spec["eval_every"])
     per_class, eval_steps = int(per_class or spec["per_class"]), int(eval_steps or spec["eval_steps"])
     data_path = settings.pop("data_path", None) or prepare_data("digits", work)
-    cfg = make_config(spec["profile"], {
-        "data_path": data_path, "out": str(out), "seed": seed, "max_steps": max_steps, "ckpt_every": eval_every,
-        "keep_every": eval_every, "log_every": eval_every, "sample_every": 0, "sample_at_end": False,
-        "tensorboard": False, "progress": progress, "resume": "auto", "num_workers": 0, "max_minutes": 0,
-        **settings})
+    cfg = study_config(spec["profile"], settings, data_path=data_path, out=out, seed=seed, max_steps=max_steps,
+                       eval_every=eval_every, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     cpu0, t0 = time.process_time(), time.perf_counter()
     with open(out / "train.log", "a") if quiet else contextlib.nullcontext() as log, \
@@ -136,27 +130,9 @@ def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max
                                 f"{summary.get('steps')}; run the study again to resume this run")
     seconds = training_seconds(out / "metrics.jsonl")
 
-    evals_path = out / "evals.json"
-    evals = json.loads(evals_path.read_text()) if evals_path.is_file() else []
-    done = {e["step"] for e in evals}
-    config = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=True, mmap=True)["config"]
-    classes = [str(c) for c in config["classes"]]
-    judge = judge_for("digits", classes, config["sample_shape"][-1], config["sample_shape"][0])
-    process = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                             diffusion_steps=cfg.diffusion_steps)
-    for path in sorted((out / "checkpoints").glob("step_*.pt")):
-        step = int(path.stem.split("_")[1])
-        if step not in done:
-            model = load_dit(path)
-            with torch.random.fork_rng(devices=[]):
-                result = sample_and_score(model, process, judge, class_names=classes, per_class=per_class,
-                                          cfg_scale=spec["cfg_scale"], sampler="ddim", steps=eval_steps, seed=0)
-            evals.append({"step": step, "seconds": seconds.get(step), "class_accuracy": result["class_accuracy"],
-                          "frechet_distance": result["frechet_distance"], "real_floor": result["real_floor"]})
-            evals.sort(key=lambda e: e["step"])
-            atomic_write_text(evals_path, json.dumps(evals, indent=1) + "\n")
-        if not keep_checkpoints:
-            path.unlink(missing_ok=True)
+    evals, judge = score_checkpoints(out, cfg, "digits", per_class=per_class, eval_steps=eval_steps,
+                                     cfg_scale=spec["cfg_scale"], seconds=seconds,
+                                     keep_checkpoints=keep_checkpoints)
     cost = model_cost({**settings, "data_path": data_path}, spec["profile"])
     record = {
         "study": study, "variant": variant, "seed": seed, "settings": settings, "max_steps": max_steps,

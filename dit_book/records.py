@@ -265,6 +265,8 @@ QUOTES = (
     Quote("book/05b_your_data.ipynb", "4,750 to 5,000 steps in 552 to 588 s, and 97.3 to 98.0 % of 150 samples of each "
           "model in the requested shape (96.7 to 98.0 % of 300)", "small-images-recipe.md",
           "97.3-98.0 % of 150 samples a model (96.7-98.0 % of 300"),
+    Quote("book/05b_your_data.ipynb", "2,850 to 3,020 steps and 92.0 to 94.7 % of 150", "small-images-recipe.md",
+          "fits 2,850-3,020 steps in the budget and reaches 92.0-94.7 % for three seeds"),
     Quote("dit_core/configs/small-images.yaml", "the fewest steps measured to pass 90 % (92.7 % at 2,854",
           "small-images-recipe.md", "| the same | 2 | 2,854 | 193 ms | 92.7 % (91.3 %)"),
     Quote("README.md", "bit for bit on the CPU and in a bf16 run killed at step 50 on an H200", "gpu-ladder-h200.md",
@@ -272,8 +274,6 @@ QUOTES = (
     Quote("book/08_troubleshooting.ipynb", "killed a bf16 run at step 50 and its resumed run also ended bit for bit "
           "equal to the unbroken one", "gpu-ladder-h200.md",
           "with SIGKILL at step 50 and resumed: largest weight difference to the unbroken run 0.0 (bit-exact)"),
-    Quote("book/05b_your_data.ipynb", "2,850 to 3,020 steps and 92.0 to 94.7 % of 150", "small-images-recipe.md",
-          "fits 2,850-3,020 steps in the budget and reaches 92.0-94.7 % for three seeds"),
     Quote("book/06_memory_and_speed.ipynb", "within -1.2 % to +1.2 % of `max_memory_allocated`, except one rung (all "
           "tricks but checkpointing) where it predicted 14 % more than was used", "planner-check-h200.md",
           "within -1.2 % to +1.2 % of the measured peak whenever latents are pre-extracted or TF32 is on (one rung "

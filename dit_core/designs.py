@@ -31,7 +31,8 @@ class AdaLNBlock(nn.Module):
     y_emb`` instead of being learned per dimension: four vectors, shift and scale for attention and for the MLP.
     Unlike :class:`DiTBlock` there is no gate on the residual branches, and the regressing layer is initialised
     like every other linear layer (Xavier), so a block does not start as the identity. The paper's adaLN-Zero
-    differs from this design by exactly those two things.
+    differs from this design by exactly those two things. (Written out beside :class:`DiTBlock` rather than derived
+    from it, so that each block reads as the paper draws it and the official checkpoint's keys stay DiTBlock's.)
     """
 
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, attn_backend: str = "sdpa"):

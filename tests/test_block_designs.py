@@ -14,6 +14,7 @@ from dit_core import DiT
 from dit_core.checkpoint import CheckpointError, atomic_save, infer_block, infer_config, load_dit
 from dit_core.measure.flops import PAPER_CROSS_ATTENTION_OVERHEAD, design_table, forward_macs
 from dit_core.models import BLOCKS
+from test_models import randomize  # every weight random, the adaLN-Zero zeros included
 
 DESIGNS = list(BLOCKS)
 
@@ -23,15 +24,6 @@ def tiny(block, **kw):
                 block=block)
     args.update(kw)
     return DiT(**args)
-
-
-def randomize(model, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name != "pos_embed":
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5 / max(1, p.shape[-1]) ** 0.5)
-    return model
 
 
 def inputs(n=3, seed=1):
