@@ -15,7 +15,6 @@
 - :mod:`.track`, :mod:`.gpu_box`: the GPU track's cells, and what they show on a build without a GPU;
 - :mod:`.exercises`: the checkers of the "implement it" exercises;
 - :mod:`.my_dit`: the reader's DiT as chapter 3's solutions write it, which chapter 5 trains;
-- :mod:`.chapters_model`: the setup of chapters 3, 4 and 5 (the model, the diffusion, training), one call each;
 - :mod:`.browser`: chapter 7's live sampler, the digits model sampled in the reader's browser (ONNX Runtime Web);
 - :mod:`.converging`, :mod:`.convergence`: the helpers and the study of chapter "Converging faster";
 - :mod:`.findings`, :mod:`.findings_gpu`: chapter 7c's studies of the paper's block designs and scaling (``python -m

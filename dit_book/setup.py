@@ -150,10 +150,76 @@ def latents(params: dict) -> SimpleNamespace:
                            latents_dir=latents_dir, stand=stand)
 
 
+# ------------------------------------------------------------------------------------------------ 03 .. 05
+#: Chapter 05's demonstrations (and, in a smoke run, its main run): a DiT of 2 blocks of width 64.
+TINY = dict(depth=2, hidden_size=64, num_heads=2, batch_size=32, warmup_steps=5, sample_steps=5,
+            sample_per_class=2, log_every=5, ckpt_every=10)
+
+
+def digits(count: int | None = None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 8x8 digits as ``(N, 1, 8, 8)`` floats in [-1, 1] (0..16 mapped linearly) and their labels;
+    ``count`` digits from ``start`` (all of them by default)."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    end = None if count is None else start + count
+    images = torch.tensor(data.images[start:end], dtype=torch.float32)[:, None] / 8 - 1
+    return images, torch.tensor(data.target[start:end])
+
+
+def model(params: dict) -> SimpleNamespace:
+    """Chapter 03. ``DEVICE="auto"``: the first CUDA GPU when there is one, else the CPU (written back as its name);
+    a smoke run times the attention backends on DiT-S/4 at 64 px, batch 2, once. Prints what runs where."""
+    import dit_core
+
+    smoke = _smoke(params)
+    params["DEVICE"] = device = str(_device(_need(params, "DEVICE")[0]))
+    _need(params, "BENCH_MODEL", "BENCH_IMAGE_SIZE", "BENCH_BATCH", "BENCH_REPEATS")
+    if smoke:
+        params.update(BENCH_MODEL="DiT-S/4", BENCH_IMAGE_SIZE=64, BENCH_BATCH=2, BENCH_REPEATS=1)
+    set_threads()
+    torch.manual_seed(0)
+    print("dit_core", dit_core.__version__, "| torch", torch.__version__, "| device", device)
+    return SimpleNamespace(device=device)
+
+
+def diffusion(params: dict) -> SimpleNamespace:
+    """Chapter 04. A smoke run uses 50 digits, 4 samples, two samplers and 10 DPM-Solver++ steps. Returns the
+    digits: ``points``, ``labels`` (the first ``NUM_POINTS``, which the exact denoiser knows) and ``held_out``
+    (200 real digits after them, which it never sees)."""
+    smoke = _smoke(params)
+    _need(params, "NUM_POINTS", "NUM_SAMPLES", "SAMPLERS", "DPM_STEPS")
+    if smoke:
+        params.update(NUM_POINTS=50, NUM_SAMPLES=4, SAMPLERS=["50", "ddim10"], DPM_STEPS=10)
+    params["SAMPLERS"] = list(params["SAMPLERS"])
+    set_threads()
+    torch.manual_seed(0)
+    points, labels = digits(params["NUM_POINTS"])
+    held_out, _ = digits(200, start=params["NUM_POINTS"])
+    return SimpleNamespace(points=points, labels=labels, held_out=held_out)
+
+
+def training(params: dict) -> SimpleNamespace:
+    """Chapter 05. A smoke run trains the tiny DiT for 20 steps in ``<OUT_DIR>/smoke_run`` and the reader's DiT
+    for 30. Returns the digits (``x_all``, ``y_all``), :data:`TINY` (``tiny``) and ``out_dir``, whose ``demo``
+    folder, for the small demonstrations, starts empty."""
+    smoke = _smoke(params)
+    (out_dir,) = _need(params, "OUT_DIR")
+    _need(params, "RUN_DIR", "MAX_STEPS", "SAMPLE_EVERY", "EVAL_PER_CLASS", "MY_DIT_STEPS")
+    if smoke:
+        params.update(RUN_DIR=f"{out_dir}/smoke_run", MAX_STEPS=20, SAMPLE_EVERY=10, EVAL_PER_CLASS=2,
+                      MY_DIT_STEPS=min(params["MY_DIT_STEPS"], 30))
+    set_threads()
+    out = Path(out_dir)
+    shutil.rmtree(out / "demo", ignore_errors=True)
+    x_all, y_all = digits()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, CUDA: {torch.cuda.is_available()}")
+    return SimpleNamespace(out_dir=out, tiny=dict(TINY), x_all=x_all, y_all=y_all)
+
+
 # ------------------------------------------------------------------------------------------------ 05b
-#: The tiny DiT of a smoke run of chapter 05b's own-folder run (section 5b.3).
-OWN_TINY = dict(depth=2, hidden_size=64, num_heads=2, batch_size=32, warmup_steps=5, sample_steps=5,
-                sample_per_class=2, log_every=5, ckpt_every=10, progress=False)
+#: The tiny DiT of a smoke run of chapter 05b's own-folder run (section 5b.3): chapter 05's, without progress bars.
+OWN_TINY = dict(TINY, progress=False)
 
 
 def your_data(params: dict) -> SimpleNamespace:
