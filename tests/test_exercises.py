@@ -102,7 +102,6 @@ def test_guidance_mistakes_are_caught():
 # small change of them, and the checker must name the part that is wrong.
 # ------------------------------------------------------------------------------------------------------------
 
-import copy  # noqa: E402
 
 from torch import nn  # noqa: E402
 
@@ -351,8 +350,12 @@ from dit_core.diffusion.losses import discretized_gaussian_log_likelihood, mean_
 
 
 def training_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout=0.1, *, mistake=""):
-    t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)
-    noise = torch.randn(x0.shape, generator=g)
+    if mistake == "noise drawn before t":
+        noise = torch.randn(x0.shape, generator=g)
+        t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)
+    else:
+        t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)
+        noise = torch.randn(x0.shape, generator=g)
     if mistake == "noise first":
         noise, t = torch.randn(x0.shape, generator=g), t
     drop = torch.rand(len(x0), generator=g) < label_dropout
@@ -361,16 +364,21 @@ def training_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout
     x_t = diffusion.q_sample(x0, t, noise)
     eps, v = model(x_t, t, y).chunk(2, dim=1)
     mse = mean_flat((noise - eps) ** 2)
-    frozen = torch.cat([eps.detach(), v], dim=1)
+    frozen = torch.cat([eps if mistake == "no stop-gradient" else eps.detach(), v], dim=1)
     p = diffusion.p_mean_variance(lambda *_: frozen, x_t, t, clip_denoised=False)
     mean, _, log_var = diffusion.q_posterior_mean_variance(x0, x_t, t)
     kl = mean_flat(normal_kl(mean, log_var, p["mean"], p["log_variance"]))
     nll = -mean_flat(discretized_gaussian_log_likelihood(x0, means=p["mean"], log_scales=p["log_variance"] / 2))
-    loss = (mse + torch.where(t == 0, nll, kl) / math.log(2)).mean()
+    vb = kl if mistake == "KL at t = 0" else torch.where(t == 0, nll, kl)
+    loss = (mse + vb / (1.0 if mistake == "nats" else math.log(2))).mean()
+    if mistake == "L_simple alone":
+        loss = mse.mean()
     if mistake != "no zero_grad":
         opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
+    if mistake == "two updates":
+        opt.step()
     with torch.no_grad():
         for e, w in zip(ema.parameters(), model.parameters()):
             e.lerp_(w, ema_decay if mistake == "ema swapped" else 1 - ema_decay)
@@ -407,7 +415,7 @@ def test_chapter_5_solutions_pass():
     assert "wide, tall and square" in check_newton_schulz(newton_schulz)
 
 
-@pytest.mark.parametrize("mistake, message", [("no dropout", "the loss of step 0: draw from g"),
+@pytest.mark.parametrize("mistake, message", [("no dropout", "the loss of step 0: labels not dropped"),
                                               ("noise first", "the loss of step 0"),
                                               ("no zero_grad", r"the weights after step 1 .*opt\.zero_grad"),
                                               ("ema swapped", r"the EMA after step 0 .*lerp_")])
@@ -441,3 +449,155 @@ def test_newton_schulz_mistakes_are_caught():
 
     with pytest.raises(AssertionError, match="newton_schulz of a 64 x 256 matrix"):
         check_newton_schulz(spectral)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What the checkers must catch beyond a wrong formula: drops given in training mode and other dropout rates, a
+# trained position table, the decoder term at t = 0, a model called at the wrong t or label, a misplaced gate or
+# stop-gradient, a float64 result; and a right float64 DDIM step must pass. Each message names the slip.
+# ------------------------------------------------------------------------------------------------------------
+
+from dit_book import exercises  # noqa: E402
+
+
+def test_the_checkers_test_models_react_to_t_and_y():
+    model = exercises._small_dit(8, 2, 4, learn_sigma=True, seed=0)
+    by_t, by_y = exercises._reaction(model, torch.randn(3, 4, 8, 8), torch.tensor([5, 400, 900]),
+                                     torch.tensor([2, 3, 4]))
+    assert by_t > exercises.REACTION and by_y > exercises.REACTION
+    from dit_core.models import DiT
+
+    torch.manual_seed(0)  # dit_core's initialisation, with the old test models' N(0, 0.02) adaLN: nearly blind to t
+    blind = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10).eval()
+    with torch.no_grad():
+        for name, p in blind.named_parameters():
+            if "adaLN" in name or "final_layer.linear" in name:
+                p.normal_(0, 0.02)
+    assert exercises._reaction(blind, torch.randn(3, 4, 8, 8), torch.tensor([5, 400, 900]),
+                               torch.tensor([2, 3, 4]))[0] < exercises.REACTION
+
+
+def test_label_embedders_that_ignore_drop_in_training_or_fix_the_rate_are_caught():
+    class IgnoresDropInTraining(my_dit.LabelEmbedder):
+        def forward(self, y, drop=None):
+            if self.training:  # draws its own drops even when the step passes them
+                drop = torch.rand(y.shape) < self.dropout_prob
+            return super().forward(y, drop)
+
+    with pytest.raises(AssertionError, match="training mode with drop given .* when drop is given it decides"):
+        check_label_embedder(IgnoresDropInTraining)
+
+    class AlwaysTenPercent(my_dit.LabelEmbedder):
+        def forward(self, y, drop=None):
+            if drop is None and self.training:
+                drop = torch.rand(y.shape) < 0.1
+            return super().forward(y, drop)
+
+    with pytest.raises(AssertionError, match=r"with dropout_prob 0\.25; expected 25%.*\(not a fixed 0\.1\)"):
+        check_label_embedder(AlwaysTenPercent)
+
+
+def test_a_trained_or_wrong_position_table_is_caught():
+    class TrainedPositions(my_dit.DiT):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.pos_embed.requires_grad_(True)
+
+    with pytest.raises(AssertionError, match=r"pos_embed is trained \(requires_grad=True\)"):
+        check_dit(TrainedPositions)
+
+    class ZeroPositions(my_dit.DiT):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            torch.nn.init.zeros_(self.pos_embed)
+
+    with pytest.raises(AssertionError, match=r"pos_embed of a new model: the table of sincos_2d"):
+        check_dit(ZeroPositions)
+
+
+def test_a_dit_that_forgets_the_label_is_caught():
+    class NoLabel(my_dit.DiT):
+        def forward(self, x, t, y):
+            tokens = self.x_embedder(x) + self.pos_embed
+            c = self.t_embedder(t)  # y_embedder forgotten
+            for block in self.blocks:
+                tokens = block(tokens, c)
+            return my_dit.unpatchify(self.final_layer(tokens, c), self.patch_size, self.out_channels)
+
+    with pytest.raises(AssertionError, match=r"with dit_core's weights: .*c = t_embedder\(t\) \+ y_embedder\(y\)"):
+        check_dit(NoLabel)
+
+
+def test_a_block_without_a_gate_is_named_as_such():
+    for kind, branch in (("no MLP gate", "the MLP branch"),):
+        block = type("Wrong", (_Block,), {"kind": kind})
+        with pytest.raises(AssertionError, match=f"at initialisation: adaLN_modulation starts at zero.*{branch} is "
+                                                 "added without its gate"):
+            check_dit_block(block)
+
+
+def test_a_float64_q_sample_is_caught_and_a_float64_ddim_step_passes():
+    def float64(x0, t, noise, ab):  # right values, the schedule's float64
+        a = ab[t].reshape(-1, 1, 1, 1)
+        return a.sqrt() * x0 + (1 - a).sqrt() * noise
+
+    with pytest.raises(AssertionError, match="returned float64 for float32 images: .*return x0's dtype"):
+        check_q_sample(float64)
+
+    def in_float64(x_t, eps, alpha_bar_t, alpha_bar_prev):
+        return ddim_step(x_t.double(), eps.double(), alpha_bar_t, alpha_bar_prev)
+
+    assert "returns float64, compared as float32" in check_ddim_step(in_float64)
+
+
+def test_a_loss_that_calls_the_model_at_the_wrong_step_or_label_is_named():
+    def later_step(model, x0, y, t, noise, ab):
+        eps = model(q_sample(x0, t, noise, ab), (t + 1).clamp(max=999), y)[:, : x0.shape[1]]
+        return ((noise - eps) ** 2).mean()
+
+    with pytest.raises(AssertionError, match=r"L_simple \(learned variance\): the model was called with t = "
+                                             r"\[6, 251, 601, 999\], not the t it was given"):
+        check_simple_loss(later_step)
+
+    def first_class(model, x0, y, t, noise, ab):
+        eps = model(q_sample(x0, t, noise, ab), t, torch.zeros_like(y))[:, : x0.shape[1]]
+        return ((noise - eps) ** 2).mean()
+
+    with pytest.raises(AssertionError, match=r"the model was called with the labels \[\[0, 0, 0, 0\]\], never with y"):
+        check_simple_loss(first_class)
+
+
+def test_guidance_with_the_wrong_null_class_or_step_is_named():
+    def class_zero_as_null(model, s):
+        def fn(x, t, y):
+            cond, uncond = model(x, t, y), model(x, t, torch.zeros_like(y))
+            c = model.in_channels
+            return torch.cat([uncond[:, :c] + s * (cond[:, :c] - uncond[:, :c]), cond[:, c:]], dim=1)
+        return fn
+
+    with pytest.raises(AssertionError, match=r"scale 1\.5: no model call had the null class: .*\[0, 0, 0\]"):
+        check_guidance(class_zero_as_null)
+
+    def one_step_late(model, s):
+        fn = guided(model, s)
+        return lambda x, t, y: fn(x, t + 1, y)
+
+    with pytest.raises(AssertionError, match=r"scale 1\.0: the model was called with t = \[11, 501, 991\]"):
+        check_guidance(one_step_late)
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("KL at t = 0", r"the loss of step 88 \(it draws t = 0 .*\): at t = 0 \(code index 0\) the bound's term is the "
+                    "decoder's negative log-likelihood"),
+    ("nats", r"the loss of step 0: the bound in nats"),
+    ("L_simple alone", r"the loss of step 0: L_vlb left out"),
+    ("noise drawn before t", r"the loss of step 0: the draws in another order"),
+    ("no stop-gradient", r"the weights after step 0 .*: the bound's gradient reached the noise prediction: .*detach"),
+    ("two updates", r"the weights after step 0 .*: your gradients are right, the update made with them is not"),
+])
+def test_training_step_slips_are_named(mistake, message):
+    def wrong(*args):
+        return training_step(*args, mistake=mistake)
+
+    with pytest.raises(AssertionError, match=message):
+        check_training_step(wrong, my_dit.DiT)
