@@ -1,6 +1,7 @@
 """Helpers for the book's notebooks, apart from the library they explain.
 
 - :mod:`.source`: :func:`show_source`, the code that runs, rendered in a cell instead of copied into it;
+- :mod:`.tables`: :func:`show_table`, a Markdown pipe table shown as an HTML table (in Jupyter and the built book);
 - :mod:`.notebooks`: :func:`smoke_mode` (tiny settings for tests and quick builds) and
   ``python -m dit_book strip-outputs book/*.ipynb``;
 - :mod:`.bench_data`: offline JPEG folders and samples-per-second timings for the data chapters;
@@ -33,7 +34,8 @@ Example::
 from dit_core.runtime import set_threads
 from .notebooks import SMOKE_ENV, smoke_mode, strip_outputs
 from .source import Source, SourceView, show_source, source_of
+from .tables import show_table
 from .timings import chapter_box
 
-__all__ = ["SMOKE_ENV", "Source", "SourceView", "chapter_box", "set_threads", "show_source", "smoke_mode",
-           "source_of", "strip_outputs"]
+__all__ = ["SMOKE_ENV", "Source", "SourceView", "chapter_box", "set_threads", "show_source", "show_table",
+           "smoke_mode", "source_of", "strip_outputs"]

@@ -83,3 +83,26 @@ def test_strip_outputs_clears_outputs_and_widget_state(tmp_path):
     assert "widgets" not in clean.metadata
     assert book.strip_outputs(path) is False  # idempotent
     assert notebooks.main(["strip-outputs", str(path)]) == 0
+
+
+def test_show_table_turns_a_pipe_table_into_html():
+    from dit_book.tables import Table, markdown_to_html
+
+    md = "The runs:\n\n| design | Mflops | note |\n|---|---:|---|\n| **in-context** | 1.25 | `a` < b \\| c |\n"
+    html = markdown_to_html(md)
+    assert html.startswith("<p>The runs:</p>\n<table")
+    assert "<th style=\"text-align: right\">Mflops</th>" in html and "<td style=\"text-align: right\">1.25</td>" in html
+    assert "<strong>in-context</strong>" in html and "<code>a</code> &lt; b | c" in html
+    assert html.count("<tr>") == 2 and "|" not in html.replace("b | c", "")
+    assert Table(md)._repr_html_() == html and repr(Table(md)) == md
+
+
+def test_a_pipe_table_left_as_text_is_found_in_a_page():
+    from dit_book.tables import markdown_to_html, pipe_tables_in_html
+
+    md = "| a | b |\n|---|---|\n| 1 | 2 |"
+    assert pipe_tables_in_html(f"<div><p>{md}</p></div>") == ["| a | b | |---|---| | 1 | 2 |"]
+    assert len(pipe_tables_in_html(f"<pre>{md}</pre>")) == 1
+    assert pipe_tables_in_html(markdown_to_html(md)) == []
+    # prose with a pipe, a printed text table without a rule, and a one-line code sample are not tables
+    assert pipe_tables_in_html("<p>a | b</p><pre>model   params\nS/2     33 M</pre><pre>x = a | b</pre>") == []

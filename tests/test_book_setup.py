@@ -1,8 +1,8 @@
-"""dit_book.setup: each chapter's setup call reads its parameters cell, writes back what a run uses, returns the rest.
+"""dit_book.setup: each chapter's set-up reads its parameters, changes nothing in them, and says what this run changes.
 
-The chapters' smoke runs (tests/test_notebooks.py) execute these functions inside the notebooks; here each is
-called on the chapter's own ``parameters`` cell, at its defaults on this CPU and in a smoke run on both tracks,
-with the stand-ins of the downloads replaced by a fake that records what it was asked for.
+The chapters' smoke runs (tests/test_notebooks.py) execute these functions inside the notebooks; here each is called
+on the chapter's own ``parameters`` cell, read with ``ast`` (the cell is not run), at its defaults on this CPU and in
+a smoke run on both tracks, with the stand-ins of the downloads replaced by a fake that records what it was asked for.
 """
 
 from __future__ import annotations
@@ -17,23 +17,44 @@ import torch
 from dit_book import setup
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
-#: The chapter each function sets up.
+#: The chapter each function sets up: every chapter of the book has one.
 CHAPTERS = {"00_environment": setup.environment, "01_data": setup.data, "02_latents": setup.latents,
+            "03_model": setup.model, "04_diffusion": setup.diffusion, "05_training": setup.training,
             "05b_your_data": setup.your_data, "06_memory_and_speed": setup.memory_and_speed,
             "07_sampling": setup.sampling, "07b_converging_faster": setup.converging,
-            "08_troubleshooting": setup.troubleshooting, "09_beyond_one_gpu": setup.beyond_one_gpu,
-            "appendix_tutorial_claims": setup.tutorial_claims}
+            "07c_paper_findings": setup.paper_findings, "08_troubleshooting": setup.troubleshooting,
+            "09_beyond_one_gpu": setup.beyond_one_gpu, "appendix_tutorial_claims": setup.tutorial_claims}
+
+
+def _literal(node: ast.AST):
+    """A parameter's value: a Python literal, or ``dict(key=literal, ...)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
+        return {kw.arg: _literal(kw.value) for kw in node.keywords}
+    return ast.literal_eval(node)
 
 
 def parameters(stem: str, **changes) -> dict:
-    """The names a chapter's parameters cell defines, at their defaults (the cell executed), with ``changes``."""
+    """The names a chapter's parameters cell assigns and their values, read from its source without running it
+    (every value there is a literal), with ``changes``."""
     nb = json.loads((BOOK / f"{stem}.ipynb").read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
-    source = "".join(cell["source"])
-    ast.parse(source)
     names: dict = {}
-    exec(compile(source, f"{stem}:parameters", "exec"), {}, names)  # noqa: S102 - the book's own cell
+    for node in ast.parse("".join(cell["source"])).body:
+        assert isinstance(node, ast.Assign) and len(node.targets) == 1, f"{stem}: a parameter is not `NAME = literal`"
+        target, value = node.targets[0], node.value
+        if isinstance(target, ast.Tuple):
+            names.update(zip((t.id for t in target.elts), (_literal(v) for v in value.elts)))
+        else:
+            names[target.id] = _literal(value)
     return {**names, **changes}
+
+
+def run(stem: str, params: dict) -> setup.Resolved:
+    """The chapter's set-up on a copy of ``params``, checked not to write into them."""
+    before = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in params.items()}
+    ch = CHAPTERS[stem](params)
+    assert params == before, f"{stem}: the set-up wrote into the notebook's names"
+    return ch
 
 
 @pytest.fixture
@@ -60,37 +81,100 @@ def fake_standins(monkeypatch, tmp_path):
     return calls
 
 
+def test_every_chapter_has_a_set_up_applied_in_one_visible_line():
+    """Every chapter's first code cell after ``parameters`` calls its function of dit_book.setup with its names,
+    then applies what it returns in one line; nothing else hands the notebook's names to the set-up."""
+    chapters = sorted(p.stem for p in BOOK.glob("*.ipynb"))
+    assert sorted(CHAPTERS) == chapters, "a chapter without a set-up function here (or one that no longer exists)"
+    for stem, function in CHAPTERS.items():
+        nb = json.loads((BOOK / f"{stem}.ipynb").read_text())
+        at = next(i for i, c in enumerate(nb["cells"]) if "parameters" in c.get("metadata", {}).get("tags", []))
+        cell = "".join(next(c for c in nb["cells"][at + 1:] if c["cell_type"] == "code")["source"])
+        lines = [line.split("#")[0].strip() for line in cell.splitlines()]
+        call = f"ch = setup.{function.__name__}(globals())"
+        assert call in lines, f"{stem}: its set-up cell does not call `{call}`"
+        assert lines[lines.index(call) + 1] == "globals().update(ch.changes)", \
+            f"{stem}: `globals().update(ch.changes)` must follow the set-up call"
+        everywhere = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        assert everywhere.count("globals()") == 2, f"{stem}: globals() is handed to something besides its set-up"
+
+
 @pytest.mark.parametrize("stem", sorted(CHAPTERS))
-def test_every_chapter_sets_up_from_its_own_parameters(stem, book_dir, fake_standins):
-    """At the defaults on this CPU, and in a smoke run: the function finds every name it reads, and a default run
-    changes no knob that is not ``"auto"`` (SMOKE aside)."""
+def test_every_chapter_sets_up_from_its_own_parameters(stem, book_dir, fake_standins, capsys):
+    """At the defaults on this CPU, and in a smoke run: the function finds every name it reads and writes none of
+    them; a default run changes only knobs that are ``"auto"``; a smoke run changes at least one knob; the printed
+    line names every change."""
     defaults = parameters(stem)
-    params = dict(defaults)
-    CHAPTERS[stem](params)
-    changed = {k for k in defaults if params[k] != defaults[k] and defaults[k] != "auto"}
+    ch = run(stem, dict(defaults))
+    changed = {k for k in ch.changes if defaults[k] != "auto"}
     assert changed == set(), f"{stem}: a default run changed {changed}"
+    assert set(ch.reasons) == set(ch.changes) and set(ch.reasons.values()) <= {setup.AUTO}
     assert not fake_standins, f"{stem}: a default run on the CPU track made stand-ins"
-    smoke = parameters(stem, SMOKE=True)
-    CHAPTERS[stem](smoke)
-    assert smoke["SMOKE"] is True
+    smoke = run(stem, parameters(stem, SMOKE=True))
+    assert smoke.changes and set(smoke.changes) <= set(defaults), f"{stem}: a smoke run changes no knob"
+    assert setup.SMOKE_RUN in smoke.reasons.values()
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == str(smoke)
+    for name in smoke.changes:
+        assert f"{name} " in printed[-1], f"{stem}: the printed line does not name {name}"
+
+
+def test_the_printed_line_says_what_changed_and_why(book_dir, fake_standins):
+    ch = run("07_sampling", parameters("07_sampling", SMOKE=True, TRACK="gpu"))
+    line = str(ch)
+    assert line.startswith("smoke run: RUN_DIR ../runs/digits -> outputs/07_sampling/smoke_run, TRAIN_STEPS None -> 30")
+    assert "PER_CLASS 20 -> 2" in line and "stand-ins: VAE stabilityai/sd-vae-ft-ema -> " in line
+    assert "auto: TRACK = gpu" not in line  # TRACK was forced to "gpu", not resolved from "auto"
+    assert "torch: 1 CPU thread" in line
+    auto = run("07_sampling", parameters("07_sampling"))
+    assert str(auto).startswith("auto: TRACK = cpu, DOWNLOAD = False") and auto.changes == {}
 
 
 def test_smoke_mode_comes_from_the_environment_too(book_dir, monkeypatch):
     monkeypatch.setenv("DIT_SMOKE", "1")
-    params = parameters("00_environment")
-    setup.environment(params)
-    assert params["SMOKE"] is True and (params["MATMUL_SIZE"], params["MATMUL_REPEATS"]) == (256, 2)
+    ch = run("00_environment", parameters("00_environment"))
+    assert ch.changes["SMOKE"] is True and ch.reasons["SMOKE"] == "DIT_SMOKE set"
+    assert (ch.changes["MATMUL_SIZE"], ch.changes["MATMUL_REPEATS"]) == (256, 2)
+    assert str(ch).startswith("DIT_SMOKE set: SMOKE False -> True | smoke run: MATMUL_SIZE auto -> 256")
 
 
 def test_environment_resolves_auto_by_device(book_dir):
-    cpu = parameters("00_environment", DEVICE="cpu", TRACK="cpu")
-    ch = setup.environment(cpu)
-    assert cpu["MATMUL_SIZE"] == 512 and ch.device == torch.device("cpu") and ch.track == "cpu"
-    gpu = parameters("00_environment", DEVICE="cuda")  # a device name is resolved, never touched
-    assert setup.environment(gpu).device.type == "cuda" and gpu["MATMUL_SIZE"] == 8192
-    given = parameters("00_environment", DEVICE="cpu", MATMUL_SIZE=1024)
-    setup.environment(given)
-    assert given["MATMUL_SIZE"] == 1024
+    ch = run("00_environment", parameters("00_environment", DEVICE="cpu", TRACK="cpu"))
+    assert ch.changes == {"MATMUL_SIZE": 512} and ch.device == torch.device("cpu") and ch.track == "cpu"
+    gpu = run("00_environment", parameters("00_environment", DEVICE="cuda"))  # a device name is resolved, never touched
+    assert gpu.device.type == "cuda" and gpu.changes == {"MATMUL_SIZE": 8192}
+    assert run("00_environment", parameters("00_environment", DEVICE="cpu", MATMUL_SIZE=1024)).changes == {}
+
+
+def test_chapter_03_writes_the_device_it_reads(book_dir):
+    ch = run("03_model", parameters("03_model"))
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert ch.changes == {"DEVICE": expected} and ch.device == torch.device(expected)
+    assert run("03_model", parameters("03_model", DEVICE="cpu")).changes == {}
+    smoke = run("03_model", parameters("03_model", SMOKE=True, DEVICE="cpu"))
+    assert smoke.changes == {"BENCH_MODEL": "DiT-S/4", "BENCH_IMAGE_SIZE": 64, "BENCH_REPEATS": 1}  # batch: 2 already
+
+
+def test_chapter_04_gives_the_digits_its_toy_model_knows(book_dir):
+    ch = run("04_diffusion", parameters("04_diffusion", SMOKE=True))
+    assert ch.changes["NUM_POINTS"] == 50 and ch.points.shape == (50, 1, 8, 8) and ch.held_out.shape == (200, 1, 8, 8)
+    assert float(ch.points.min()) >= -1 and float(ch.points.max()) <= 1 and ch.labels.shape == (50,)
+    assert ch.seed == 0
+
+
+def test_chapter_05_clears_only_its_demo_folder(book_dir):
+    params = parameters("05_training")
+    demo = Path(params["OUT_DIR"]) / "demo"
+    (demo / "old").mkdir(parents=True)
+    (Path(params["OUT_DIR"]) / "keep").mkdir()
+    ch = run("05_training", params)
+    assert not demo.exists() and (Path(params["OUT_DIR"]) / "keep").exists() and ch.cleared == [str(demo)]
+    assert "cleared outputs/05_training/demo" in str(ch)
+    assert ch.x_all.shape == (1797, 1, 8, 8) and ch.tiny == setup.TINY and ch.changes == {}
+    smoke = run("05_training", parameters("05_training", SMOKE=True))
+    assert smoke.changes == {"RUN_DIR": "outputs/05_training/smoke_run", "MAX_STEPS": 20, "SAMPLE_EVERY": 10,
+                             "EVAL_PER_CLASS": 2, "MY_DIT_STEPS": 30}
+    assert smoke.cleared == []  # nothing left to clear
 
 
 def test_a_missing_parameter_is_named(book_dir):
@@ -101,71 +185,82 @@ def test_a_missing_parameter_is_named(book_dir):
 
 
 def test_the_gpu_track_in_a_smoke_run_puts_stand_ins_in_place_of_downloads(book_dir, fake_standins):
-    params = parameters("07_sampling", SMOKE=True, TRACK="gpu")
-    ch = setup.sampling(params)
+    ch = run("07_sampling", parameters("07_sampling", SMOKE=True, TRACK="gpu"))
+    changes = ch.changes
     assert ch.track == "gpu" and ch.download is False and fake_standins == [setup.STANDINS]
-    assert params["VAE"].endswith("vae") and Path(params["OFFICIAL_CKPT"]).name == "DiT-XL-2-256x256.pt"
-    assert Path(params["INCEPTION"]).name == "inception.pth" and params["CHECKSUM"] is False
-    assert Path(params["IMAGENETTE_ARCHIVE"]).name == "imagenette2-320.tgz"
-    assert (ch.gpu_image_size, ch.calibration_steps, params["FID_SAMPLES"]) == (32, 2, 10)
+    assert changes["VAE"].endswith("vae") and Path(changes["OFFICIAL_CKPT"]).name == "DiT-XL-2-256x256.pt"
+    assert Path(changes["INCEPTION"]).name == "inception.pth" and changes["CHECKSUM"] is False
+    assert Path(changes["IMAGENETTE_ARCHIVE"]).name == "imagenette2-320.tgz"
+    assert {ch.reasons[k] for k in ("VAE", "OFFICIAL_CKPT", "INCEPTION", "CHECKSUM")} == {setup.STANDIN}
+    assert (ch.gpu_image_size, ch.calibration_steps, changes["FID_SAMPLES"]) == (32, 2, 10)
     assert ch.data_dir.name == "imagenette-smoke"  # stand-in data never passes for the real thing
     # what the reader gave is kept: an archive of their own, an official checkpoint named by path
-    mine = parameters("07_sampling", SMOKE=True, TRACK="gpu", IMAGENETTE_ARCHIVE="my.tgz", OFFICIAL_CKPT="my.pt")
-    setup.sampling(mine)
-    assert (mine["IMAGENETTE_ARCHIVE"], mine["CHECKSUM"], mine["OFFICIAL_CKPT"]) == ("my.tgz", True, "my.pt")
+    mine = run("07_sampling", parameters("07_sampling", SMOKE=True, TRACK="gpu", IMAGENETTE_ARCHIVE="my.tgz",
+                                         OFFICIAL_CKPT="my.pt"))
+    assert not {"IMAGENETTE_ARCHIVE", "CHECKSUM", "OFFICIAL_CKPT"} & set(mine.changes)
 
 
 def test_chapter_01_makes_stand_ins_only_without_an_archive(book_dir, fake_standins):
-    setup.data(parameters("01_data", SMOKE=True, TRACK="gpu", IMAGENETTE_ARCHIVE="mine.tgz"))
+    run("01_data", parameters("01_data", SMOKE=True, TRACK="gpu", IMAGENETTE_ARCHIVE="mine.tgz"))
     assert fake_standins == []
-    params = parameters("01_data", SMOKE=True, TRACK="gpu")
-    ch = setup.data(params)
-    assert fake_standins and params["CHECKSUM"] is False and ch.download is False
-    assert (params["GRID_PER_CLASS"], params["MESSY_IMAGES"]) == (4, 8)
+    ch = run("01_data", parameters("01_data", SMOKE=True, TRACK="gpu"))
+    assert fake_standins and ch.changes["CHECKSUM"] is False and ch.download is False
+    assert (ch.changes["GRID_PER_CLASS"], ch.changes["MESSY_IMAGES"]) == (4, 8)
 
 
 def test_the_gpu_track_downloads_only_outside_smoke_runs(book_dir):
-    ch = setup.data(parameters("01_data", TRACK="gpu"))
+    ch = run("01_data", parameters("01_data", TRACK="gpu"))
     assert ch.download is True and ch.data_dir == Path("../data/imagenette")
-    assert setup.data(parameters("01_data", TRACK="gpu", DOWNLOAD=False)).download is False
-    assert setup.data(parameters("01_data", TRACK="cpu")).download is False
+    assert "auto: DOWNLOAD = True, DATA_DIR = ../data/imagenette" in str(ch)
+    assert run("01_data", parameters("01_data", TRACK="gpu", DOWNLOAD=False)).download is False
+    assert run("01_data", parameters("01_data", TRACK="cpu")).download is False
 
 
 def test_chapter_02_sizes_by_device(book_dir, fake_standins):
-    cpu = parameters("02_latents", DEVICE="cpu")
-    ch = setup.latents(cpu)
-    assert (cpu["IMAGE_SIZE"], cpu["NUM_IMAGES"], cpu["BATCH_SIZE"], cpu["COMPARE_IMAGES"]) == (128, 8, 4, 1)
+    ch = run("02_latents", parameters("02_latents", DEVICE="cpu"))
+    assert ch.changes == {"IMAGE_SIZE": 128, "NUM_IMAGES": 8, "BATCH_SIZE": 4, "COMPARE_IMAGES": 1}
     assert ch.gpu is False and ch.download is False and ch.stand is None and ch.precision == "fp32"
-    smoke = parameters("02_latents", SMOKE=True, TRACK="gpu", DEVICE="cpu")
-    ch = setup.latents(smoke)
-    assert ch.stand is not None and (smoke["IMAGE_SIZE"], smoke["GPU_IMAGE_SIZE"], smoke["RECON_IMAGES"]) == (32, 32, 4)
+    smoke = run("02_latents", parameters("02_latents", SMOKE=True, TRACK="gpu", DEVICE="cpu"))
+    c = smoke.changes
+    assert smoke.stand is not None and (c["IMAGE_SIZE"], c["GPU_IMAGE_SIZE"], c["RECON_IMAGES"]) == (32, 32, 4)
 
 
 def test_chapter_05b_smoke_run_trains_a_tiny_model_in_its_own_folders(book_dir, fake_standins):
     params = parameters("05b_your_data", SMOKE=True, TRACK="gpu")
-    ch = setup.your_data(params)
-    assert params["OWN_RUN_DIR"].startswith(params["OUT_DIR"]) and params["GPU_RUN_DIR"].startswith(params["OUT_DIR"])
-    assert params["OWN_MAX_STEPS"] == 10 and ch.own_overrides == setup.OWN_TINY and params["VAE"].endswith("vae")
-    default = setup.your_data(parameters("05b_your_data"))
+    ch = run("05b_your_data", params)
+    c = ch.changes
+    assert c["OWN_RUN_DIR"].startswith(params["OUT_DIR"]) and c["GPU_RUN_DIR"].startswith(params["OUT_DIR"])
+    assert c["OWN_MAX_STEPS"] == 10 and ch.own_overrides == setup.OWN_TINY and c["VAE"].endswith("vae")
+    default = run("05b_your_data", parameters("05b_your_data"))
     assert default.own_overrides == {} and (default.gpu_image_size, default.calibration_steps) == (256, 50)
 
 
 def test_chapter_06_sizes_the_ladder_for_the_device(book_dir):
-    params = parameters("06_memory_and_speed", DEVICE="cpu")
-    ch = setup.memory_and_speed(params)
-    assert (params["MODEL"], params["BATCH_SIZE"], params["INCLUDE_COMPILE"], params["ISOLATE"]) == ("digits", 64, False, False)
+    ch = run("06_memory_and_speed", parameters("06_memory_and_speed", DEVICE="cpu"))
+    assert ch.changes == {"MODEL": "digits", "BATCH_SIZE": 64, "INCLUDE_COMPILE": False, "ISOLATE": False}
     assert (ch.spec.batch_size, ch.spec.device, ch.gpu) == (64, "cpu", False)
-    smoke = parameters("06_memory_and_speed", SMOKE=True)
-    assert setup.memory_and_speed(smoke).spec.model == "tiny" and smoke["CARDS_GIB"] == [12, 24, 80]
+    smoke = run("06_memory_and_speed", parameters("06_memory_and_speed", SMOKE=True))
+    assert smoke.spec.model == "tiny" and smoke.changes["CARDS_GIB"] == [12, 24, 80]
+
+
+def test_chapter_07c_runs_tiny_studies_in_a_smoke_run(book_dir, fake_standins):
+    ch = run("07c_paper_findings", parameters("07c_paper_findings"))
+    assert ch.changes == {} and ch.live_overrides == {} and ch.gpu_overrides == {} and ch.gpu_image_size == 256
+    assert ch.threads == 1 and ch.out_dir.is_dir()
+    smoke = run("07c_paper_findings", parameters("07c_paper_findings", SMOKE=True, TRACK="gpu"))
+    c = smoke.changes
+    assert (c["LIVE_STEPS"], c["GPU_STEPS"], c["GPU_BATCH"]) == (10, 2, 4) and c["GPU_OUT_DIR"].endswith("smoke_gpu_runs")
+    assert smoke.live_overrides == setup.FINDINGS_SMOKE_DIT and smoke.gpu_image_size == 32
+    assert Path(c["INCEPTION"]).name == "inception.pth" and c["VAE"].endswith("vae") and c["CHECKSUM"] is False
 
 
 def test_chapter_08_small_runs_train_and_keep_their_logs(book_dir):
     params = parameters("08_troubleshooting", SMOKE=True)
-    ch = setup.troubleshooting(params)
+    ch = run("08_troubleshooting", params)
     assert ch.runs_dir == Path(params["OUT_DIR"]) / "runs" and len(ch.digits) > 1000
     (ch.runs_dir / "old").mkdir(parents=True)
-    setup.troubleshooting(params)  # a rerun starts from clean scratch folders
-    assert not (ch.runs_dir / "old").exists()
+    again = run("08_troubleshooting", params)  # a rerun starts from clean scratch folders, and says so
+    assert not (ch.runs_dir / "old").exists() and again.cleared == [str(ch.runs_dir)]
     summary = ch.runs.run("tiny", max_steps=3, batch_size=8)
     cfg = __import__("yaml").safe_load((ch.runs_dir / "tiny" / "config.yaml").read_text())
     assert summary["steps"] == 3 and (cfg["batch_size"], cfg["lr"], cfg["depth"]) == (8, 1e-3, params["TINY_DIT"]["depth"])
@@ -175,11 +270,11 @@ def test_chapter_08_small_runs_train_and_keep_their_logs(book_dir):
 
 
 def test_the_appendix_reads_the_h200_ladder(book_dir):
-    ch = setup.tutorial_claims(parameters("appendix_tutorial_claims"))
+    ch = run("appendix_tutorial_claims", parameters("appendix_tutorial_claims"))
     assert ch.rows and {"baseline", "ckpt", "amp", "all"} <= set(ch.rows)
     params = 675_129_632  # DiT-XL/2 at 256 px, pos_embed included
     assert 19.9 * params < ch.static < 20.1 * params  # 20 bytes a parameter: weights, gradients, AdamW, EMA
-    missing = setup.tutorial_claims(parameters("appendix_tutorial_claims", GPU_RESULTS=str(book_dir)))
+    missing = run("appendix_tutorial_claims", parameters("appendix_tutorial_claims", GPU_RESULTS=str(book_dir)))
     assert missing.rows == {} and missing.ladder_path is None
 
 

@@ -289,6 +289,18 @@ def test_every_toc_page_was_built():
 
 
 @pytest.mark.parametrize("page_path", PAGES, ids=[Path(p).stem for p in PAGES])
+def test_no_table_is_shown_as_text(page_path):
+    """Every table a page shows is an HTML table: no paragraph or printed output is a Markdown pipe table (a cell
+    shows one with ``dit_book.show_table``)."""
+    if not (HTML_DIR / page_path).is_file():
+        _missing(f"{page_path} is listed in _toc.yml but not in {HTML_DIR}: rebuild the book")
+    from dit_book.tables import pipe_tables_in_html
+
+    raw = pipe_tables_in_html((HTML_DIR / page_path).read_text(encoding="utf-8"))
+    assert not raw, f"{page_path} shows {len(raw)} pipe table(s) as text (use dit_book.show_table): {raw}"
+
+
+@pytest.mark.parametrize("page_path", PAGES, ids=[Path(p).stem for p in PAGES])
 def test_page_renders_offline(page_path, server, browser):
     if not (HTML_DIR / page_path).is_file():
         _missing(f"{page_path} is listed in _toc.yml but not in {HTML_DIR}: rebuild the book")
