@@ -114,11 +114,16 @@ def extract_state_dict(ckpt: dict, prefer_ema: bool = True) -> tuple[dict, dict]
     )
 
 
+#: Designs whose weights are those of another design and differ only in what they compute (a LayerNorm without
+#: parameters): read off the keys, they are that design; a saved configuration tells them apart.
+SAME_WEIGHTS = {"cross-attention-raw": "cross-attention"}
+
 #: How each block design shows in a state dict: a key of block 0 that only it has, or the number of vectors its
 #: adaLN layer regresses (adaLN-Zero 6: shift, scale and gate twice; adaLN 4: no gates).
 _DESIGN_SIGNS = {"adaln-zero": "6 adaLN vectors per block (shift, scale, gate x 2)",
                  "adaln": "4 adaLN vectors per block (shift, scale x 2, no gates)",
                  "cross-attention": "a cross-attention layer in every block (blocks.N.cross_attn.*)",
+                 "cross-attention-raw": "the cross-attention design's weights, its context read without the LayerNorm",
                  "in-context": "plain ViT blocks with learned LayerNorms and no adaLN layer"}
 
 
@@ -248,9 +253,12 @@ def load_dit(
     """
     state, meta = extract_state_dict(read_checkpoint(path), prefer_ema=prefer_ema)
     config = infer_config(state, num_heads=overrides.pop("num_heads", meta.get("num_heads")))
-    if "block" in meta and check_block_name(meta["block"]) != config["block"]:
-        raise CheckpointError(f"{path} records {meta['block']} blocks, but its weights are those of {config['block']} "
-                              f"blocks ({_DESIGN_SIGNS[config['block']]}): the file contradicts itself; re-save it")
+    if "block" in meta:
+        recorded = check_block_name(meta["block"])
+        if SAME_WEIGHTS.get(recorded, recorded) != config["block"]:
+            raise CheckpointError(f"{path} records {recorded} blocks, but its weights are those of {config['block']} "
+                                  f"blocks ({_DESIGN_SIGNS[config['block']]}): the file contradicts itself; re-save it")
+        config["block"] = recorded  # e.g. cross-attention-raw, whose weights read as cross-attention
     if "block" in overrides:
         check_block_matches(config["block"], check_block_name(overrides.pop("block")), where=str(path))
     if "class_dropout_prob" in meta:

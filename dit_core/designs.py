@@ -6,7 +6,9 @@ DiT-XL/2 by FID-50K over training, and keeps the last:
 * **in-context** (:class:`InContextBlock`): ``t`` and ``y`` are appended to the image tokens as two more tokens and
   the blocks are plain ViT blocks;
 * **cross-attention** (:class:`CrossAttentionBlock`): a cross-attention layer over the two-token sequence
-  ``[t, y]`` after the self-attention (about 15 % more Gflops, the paper says);
+  ``[t, y]`` after the self-attention (about 15 % more Gflops, the paper says), the sequence normalised first as a
+  transformer decoder reads a normalised encoder output; ``"cross-attention-raw"``
+  (:class:`CrossAttentionRawBlock`) reads it as it comes;
 * **adaLN** (:class:`AdaLNBlock`): the LayerNorms' scale and shift regressed from ``t_emb + y_emb``;
 * **adaLN-Zero** (:class:`dit_core.models.DiTBlock`): adaLN plus a gate on each residual branch, regressed by a
   layer that starts at zero, so that every block starts as the identity.
@@ -64,13 +66,22 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=True)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor, context: torch.Tensor):
         n, t, d = x.shape
         h = self.num_heads
         q = self.q(x).reshape(n, t, h, d // h).transpose(1, 2)
         kv = self.kv(context).reshape(n, context.shape[1], 2, h, d // h).permute(2, 0, 3, 1, 4)
-        out = attention(q, kv[0], kv[1], self.backend)  # (n, heads, t, head_dim)
+        return q, kv[0], kv[1]
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        out = attention(*self._qkv(x, context), self.backend)  # (n, heads, t, head_dim)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
+
+    def weights(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """The attention weights ``softmax(q k^T / sqrt(head_dim))``, ``(n, heads, t, len(context))``."""
+        q, k, _ = self._qkv(x, context)
+        return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
 
 
 class CrossAttentionBlock(nn.Module):
@@ -80,22 +91,53 @@ class CrossAttentionBlock(nn.Module):
     (LayerNorms with learned scale and shift) with a multi-head cross-attention layer over that sequence after the
     self-attention, each sub-layer pre-normalised with a plain residual. The paper counts it as the design that
     adds the most Gflops, about 15 % at DiT-XL/2 (:func:`dit_core.measure.flops.design_table` counts it).
+
+    The context is normalised before its keys and values are computed: a LayerNorm without parameters over each of
+    the two tokens (``norm_context``), as a transformer decoder attends to a normalised encoder output: whatever the
+    embeddings' scale (``t_emb`` out of an MLP, ``y_emb`` a row of a table started at standard deviation 0.02), each
+    token reaches the keys and values at unit scale. :class:`CrossAttentionRawBlock` is the variant without it.
+    The LayerNorm has no weights, so both variants have the same parameters and state-dict keys.
     """
+
+    normalize_context = True
 
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, attn_backend: str = "sdpa"):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, eps=1e-6)
         self.attn = Attention(hidden_size, num_heads, backend=attn_backend)
         self.norm_cross = nn.LayerNorm(hidden_size, eps=1e-6)
+        self.norm_context = (nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6) if self.normalize_context
+                             else nn.Identity())
         self.cross_attn = CrossAttention(hidden_size, num_heads, backend=attn_backend)
         self.norm2 = nn.LayerNorm(hidden_size, eps=1e-6)
         self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
-        x = x + self.cross_attn(self.norm_cross(x), context)
+        x = x + self.cross_attn(self.norm_cross(x), self.norm_context(context))
         x = x + self.mlp(self.norm2(x))
         return x
+
+    def context_attention(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """The cross-attention's weights over the context tokens, ``(N, heads, T, len(context))``, for the block's
+        input ``x`` (after its self-attention, as in :meth:`forward`): what each image token reads of ``t`` and
+        ``y``."""
+        x = x + self.attn(self.norm1(x))
+        return self.cross_attn.weights(self.norm_cross(x), self.norm_context(context))
+
+
+class CrossAttentionRawBlock(CrossAttentionBlock):
+    """The cross-attention block reading ``[t_emb, y_emb]`` as it comes, without normalising it
+    (``DiT(block="cross-attention-raw")``).
+
+    With DiT's initialisation both embeddings start small (the class table at standard deviation 0.02, the time
+    MLP's weights likewise), so the keys and values of the context, and with them what the cross-attention adds to
+    the image tokens and the gradient that reaches the class table, start near zero; they must grow before the
+    class can steer the prediction. Kept to show what an unnormalised conditioning path does
+    (``benchmarks/results/paper-findings.md`` measures it).
+    """
+
+    normalize_context = False
 
 
 class InContextBlock(nn.Module):

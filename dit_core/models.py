@@ -16,7 +16,8 @@ each class named for an idea of the paper (Sec. 3.2, Fig. 3):
 The paper's block-design ablation (Sec. 3.2, Fig. 3 and 5) compares four ways of feeding ``t`` and ``y`` to the
 blocks; ``DiT(block=...)`` builds each (:data:`BLOCKS`), ``"adaln-zero"`` (:class:`DiTBlock`) by default, the
 others from :mod:`dit_core.designs`: ``"adaln"`` (no gates, not zero-initialised), ``"cross-attention"`` (a
-cross-attention layer over the tokens ``[t_emb, y_emb]``) and ``"in-context"`` (``t_emb`` and ``y_emb`` appended to
+cross-attention layer over the normalised tokens ``[t_emb, y_emb]``; ``"cross-attention-raw"`` reads them as they
+come) and ``"in-context"`` (``t_emb`` and ``y_emb`` appended to
 the image tokens). Only adaLN-Zero has the official parameter names; the released checkpoints are all of it.
 
 Parameter names and shapes equal those of the official checkpoints (see ``shared/reference``), so
@@ -37,7 +38,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention, check_backend
-from .designs import AdaLNBlock, CrossAttentionBlock, InContextBlock, PlainFinalLayer
+from .designs import AdaLNBlock, CrossAttentionBlock, CrossAttentionRawBlock, InContextBlock, PlainFinalLayer
 from .layers import Mlp, TanhGELU, modulate  # noqa: F401 (re-exported: the pieces of every block)
 
 
@@ -173,6 +174,7 @@ BLOCKS = {
     "adaln": AdaLNBlock,
     "cross-attention": CrossAttentionBlock,
     "in-context": InContextBlock,
+    "cross-attention-raw": CrossAttentionRawBlock,  # the context unnormalised (dit_core.designs says what it does)
 }
 DEFAULT_BLOCK = "adaln-zero"
 
@@ -215,7 +217,8 @@ class DiT(nn.Module):
     ``num_classes=0`` builds an unconditional model (no label table; ``y`` is ignored and may be ``None``).
 
     ``block`` chooses the block design of the paper's ablation (:data:`BLOCKS`): ``"adaln-zero"`` (DiT's own, the
-    default, with the official parameter names), ``"adaln"``, ``"cross-attention"`` or ``"in-context"``. Every
+    default, with the official parameter names), ``"adaln"``, ``"cross-attention"`` (``"cross-attention-raw"``
+    without normalising its context) or ``"in-context"``. Every
     design has the same embedders, position embedding and linear decoder, whose weights start at zero, so every
     design's output starts at zero; only adaLN-Zero also starts each block as the identity.
     """

@@ -1,6 +1,7 @@
-"""The four block designs of the paper's ablation (Sec. 3.2, Fig. 5): each computes what the paper describes (checked
-against a from-scratch reference), costs what the FLOP counter says, trains, and is kept apart from the others in
-checkpoints, the trainer's config and the memory planner."""
+"""The four block designs of the paper's ablation (Sec. 3.2, Fig. 5), and cross-attention without its context
+LayerNorm: each computes what the paper describes (checked against a from-scratch reference), costs what the FLOP
+counter says, trains, and is kept apart from the others in checkpoints, the trainer's config and the memory
+planner."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dit_core import DiT
-from dit_core.checkpoint import CheckpointError, atomic_save, infer_block, infer_config, load_dit
+from dit_core.checkpoint import SAME_WEIGHTS, CheckpointError, atomic_save, infer_block, infer_config, load_dit
 from dit_core.measure.flops import PAPER_CROSS_ATTENTION_OVERHEAD, design_table, forward_macs
 from dit_core.models import BLOCKS
 from test_models import randomize  # every weight random, the adaLN-Zero zeros included
@@ -89,11 +90,12 @@ def reference_forward(model, x, t, y):
             h = h + g2[:, None] * _mlp(_ln(h) * (1 + sc2[:, None]) + sh2[:, None], s, b)
         else:
             h = h + _self_attn(_ln(h, s[b + "norm1.weight"], s[b + "norm1.bias"]), s, b, heads)
-            if block == "cross-attention":
+            if block.startswith("cross-attention"):
                 q_in = _ln(h, s[b + "norm_cross.weight"], s[b + "norm_cross.bias"])
+                context = cond if block == "cross-attention-raw" else _ln(cond)  # a LayerNorm without parameters
                 wk, wv = s[b + "cross_attn.kv.weight"].chunk(2)
                 bk, bv = s[b + "cross_attn.kv.bias"].chunk(2)
-                h = h + _mha(q_in, cond, s[b + "cross_attn.q.weight"], s[b + "cross_attn.q.bias"], wk, bk, wv, bv,
+                h = h + _mha(q_in, context, s[b + "cross_attn.q.weight"], s[b + "cross_attn.q.bias"], wk, bk, wv, bv,
                              s[b + "cross_attn.proj.weight"], s[b + "cross_attn.proj.bias"], heads)
             h = h + _mlp(_ln(h, s[b + "norm2.weight"], s[b + "norm2.bias"]), s, b)
     if block == "in-context":
@@ -134,7 +136,7 @@ def test_only_adaln_zero_blocks_start_as_the_identity(block):
     with torch.no_grad():
         assert torch.count_nonzero(model(x, t, y)) == 0, "every design's decoder starts at zero"
         h = torch.randn(3, 16 + model.extra_tokens, 32)
-        c = torch.randn(3, 2, 32) if block == "cross-attention" else torch.randn(3, 32)
+        c = torch.randn(3, 2, 32) if block.startswith("cross-attention") else torch.randn(3, 32)
         identity = all(torch.equal(b(h, c), h) for b in model.blocks)
     assert identity == (block == "adaln-zero")
 
@@ -185,7 +187,8 @@ def test_each_design_trains_with_checkpointing_masking_and_capture(block):
 def test_a_checkpoint_records_its_design_and_refuses_another(block, tmp_path):
     model = randomize(tiny(block)).eval()
     state = model.state_dict()
-    assert infer_block(state) == block and infer_config(state, num_heads=2)["block"] == block
+    layout = SAME_WEIGHTS.get(block, block)  # what the weights alone say
+    assert infer_block(state) == layout and infer_config(state, num_heads=2)["block"] == layout
     atomic_save({"model": state, "ema": state, "config": {"model_config": model.config()}}, tmp_path / "run.pt")
     loaded = load_dit(tmp_path / "run.pt")
     assert loaded.block == block
@@ -197,7 +200,7 @@ def test_a_checkpoint_records_its_design_and_refuses_another(block, tmp_path):
         load_dit(tmp_path / "run.pt", block=other)
     lying = {"model": state, "config": {"model_config": {**model.config(), "block": other}}}
     atomic_save(lying, tmp_path / "lying.pt")
-    with pytest.raises(CheckpointError, match=f"records {other} blocks, but its weights are those of {block}"):
+    with pytest.raises(CheckpointError, match=f"records {other} blocks, but its weights are those of {layout}"):
         load_dit(tmp_path / "lying.pt")
 
 
@@ -244,3 +247,37 @@ def test_forward_macs_grow_with_the_extra_tokens():
     assert ic.extra_tokens == 2 and az.extra_tokens == 0
     assert tiny("in-context", num_classes=0).extra_tokens == 1
     assert forward_macs(ic) > forward_macs(tiny("adaln"))
+
+
+def test_cross_attention_normalises_its_context_and_the_raw_variant_does_not():
+    """The same weights in both variants; only the LayerNorm over [t, y] differs. Normalised, the class token's keys
+    and values are as large as the time token's however small its embedding; raw, they are not."""
+    from dit_core.designs import CrossAttentionBlock
+
+    normed, raw = randomize(tiny("cross-attention")).eval(), tiny("cross-attention-raw").eval()
+    raw.load_state_dict(normed.state_dict())
+    assert set(raw.state_dict()) == set(normed.state_dict())
+    x, t, y = inputs()
+    with torch.no_grad():
+        assert not torch.allclose(raw(x, t, y), normed(x, t, y), atol=1e-6)
+        context = torch.stack([torch.randn(3, 32), 0.02 * torch.randn(3, 32)], dim=1)  # the class table's start
+        block = normed.blocks[0]
+        assert isinstance(block, CrossAttentionBlock) and block.normalize_context
+        scaled = block.norm_context(context)
+        torch.testing.assert_close(scaled.pow(2).mean(-1), torch.ones(3, 2), atol=1e-2, rtol=0)  # eps 1e-6
+        weights = block.context_attention(torch.randn(3, 16, 32), context)
+        assert weights.shape == (3, 2, 16, 2)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 16))
+        assert raw.blocks[0].norm_context(context).equal(context)
+
+
+def test_a_raw_cross_attention_checkpoint_loads_as_raw_and_refuses_the_normalised_design(tmp_path):
+    model = randomize(tiny("cross-attention-raw")).eval()
+    atomic_save({"model": model.state_dict(), "config": {"model_config": model.config()}}, tmp_path / "raw.pt")
+    loaded = load_dit(tmp_path / "raw.pt")
+    assert loaded.block == "cross-attention-raw"
+    x, t, y = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, t, y), model(x, t, y))
+    with pytest.raises(CheckpointError, match="holds a DiT with cross-attention-raw blocks.*built with cross-attention "):
+        load_dit(tmp_path / "raw.pt", block="cross-attention")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..models import BLOCKS, DiT, DiT_models, model_kwargs
+from ..models import DiT, DiT_models, model_kwargs
 
 #: Published figures at 256 px: parameters (``pos_embed`` included; shared/reference) and forward Gmacs
 #: (paper Table 4 / Fig. 2, three significant figures).
@@ -53,6 +53,13 @@ def forward_macs(model: DiT, batch_size: int = 1) -> int:
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(x, t, y)
     return counter.get_total_flops() // 2
+
+
+def model_facts(model: DiT) -> dict:
+    """What the paper's tables give of a model: ``params`` (:func:`count_params`), ``gflops`` (forward multiply-adds
+    per image, in G: :func:`forward_macs`) and ``tokens`` (the image's, plus in-context's conditioning tokens)."""
+    return {"params": count_params(model), "gflops": forward_macs(model) / 1e9,
+            "tokens": model.x_embedder.num_patches + model.extra_tokens}
 
 
 def config_table(image_size: int = 256) -> list[dict]:
@@ -91,12 +98,17 @@ def format_table(rows: list[dict]) -> str:
 PAPER_CROSS_ATTENTION_OVERHEAD = 0.15
 
 
-def design_table(name: str = "DiT-XL/2", image_size: int = 256, **kwargs) -> list[dict]:
-    """Parameters and forward Gmacs of the four block designs of the named configuration, each with its overhead
-    over adaLN-Zero (``kwargs``: more :class:`DiT` arguments, e.g. ``input_size`` and ``in_channels`` of a
-    pixel-space model, which then replace the latent size that ``image_size`` gives)."""
+#: The four block designs of the paper's ablation (Sec. 3.2), adaLN-Zero first: the rows of :func:`design_table`.
+PAPER_DESIGNS = ("adaln-zero", "adaln", "cross-attention", "in-context")
+
+
+def design_table(name: str = "DiT-XL/2", image_size: int = 256, blocks=PAPER_DESIGNS, **kwargs) -> list[dict]:
+    """Parameters and forward Gmacs of the block designs ``blocks`` (:data:`dit_core.models.BLOCKS`; default the
+    paper's four) of the named configuration, each with its overhead over the first (adaLN-Zero) (``kwargs``: more
+    :class:`DiT` arguments, e.g. ``input_size`` and ``in_channels`` of a pixel-space model, which then replace the
+    latent size that ``image_size`` gives)."""
     rows, base = [], None
-    for block in BLOCKS:
+    for block in blocks:
         model = meta_model(name, image_size, **{**kwargs, "block": block})
         gmacs = forward_macs(model) / 1e9
         base = gmacs if base is None else base

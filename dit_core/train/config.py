@@ -62,9 +62,10 @@ class TrainConfig:
     learn_sigma: bool = _f(True, "predict the variance too (hybrid loss, as DiT)")
     class_dropout_prob: float = _f(0.1, "label dropout for classifier-free guidance")
     attn_backend: Literal["sdpa", "math", "xformers"] = _f("sdpa", "attention kernel: sdpa, math, xformers")
-    block: Literal["adaln-zero", "adaln", "cross-attention", "in-context"] = _f(
+    block: Literal["adaln-zero", "adaln", "cross-attention", "in-context", "cross-attention-raw"] = _f(
         "adaln-zero", "block design (the paper's Fig. 5): adaln-zero (DiT's own), adaln (no gates), cross-attention "
-                      "(over the [t, y] tokens), in-context (t and y as two extra tokens)")
+                      "(over the normalised [t, y] tokens; cross-attention-raw: unnormalised), in-context (t and y "
+                      "as two extra tokens)")
     grad_checkpointing: bool | int = _f(False, "recompute block activations in backward: true (all "
                                                "blocks), false, or the number of blocks counted from the first")
 

@@ -131,7 +131,7 @@ def param_counts(shape: ModelShape) -> dict:
     linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731 - weight + bias
     adaln = {"adaln-zero": 6, "adaln": 4}.get(shape.block)  # vectors adaLN regresses (else: 2 learned norms)
     block = linear(d, 3 * d) + linear(d, d) + linear(d, m) + linear(m, d) + (linear(d, adaln * d) if adaln else 4 * d)
-    block += 2 * d + linear(d, d) + linear(d, 2 * d) + linear(d, d) if shape.block == "cross-attention" else 0
+    block += 2 * d + linear(d, d) + linear(d, 2 * d) + linear(d, d) if shape.block.startswith("cross-attention") else 0
     label_rows = shape.num_classes + int(shape.class_dropout_prob > 0) if shape.num_classes > 0 else 0
     embedders = (c * p * p * d + d) + linear(FREQ_EMBED, d) + linear(d, d) + label_rows * d
     final = (linear(d, 2 * d) if adaln else 2 * d) + linear(d, p * p * shape.out_channels)
