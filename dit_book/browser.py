@@ -44,6 +44,7 @@ class LiveSampler:
     def __init__(self, name: str, bundle: dict, defaults: dict, meta: dict, export_seconds: float):
         self.name, self.bundle, self.defaults, self.meta = name, bundle, defaults, meta
         self.export_seconds = export_seconds
+        self.page: str | None = None  # a page of its own (write_standalone), linked below the sampler
 
     @property
     def sizes(self) -> dict:
@@ -57,7 +58,17 @@ class LiveSampler:
         return (f'<div class="dit-live" data-dit-live="{self.name}" data-defaults="{attr(self.defaults)}" '
                 f'data-meta="{attr(self.meta)}"><p><em>In the HTML book a live sampler runs this model here, in the '
                 'browser, without a kernel; in Jupyter the sampler above is the live one.</em></p></div>\n'
+                + self._page_link() +
                 f'<script type="{BUNDLE_TYPE}" data-dit-live="{self.name}">{bundle}</script>')
+
+    def _page_link(self) -> str:
+        """A link to the model's page of its own; the book's build writes that page into ``_static/dit-live/`` and
+        points the link there (book/_ext/book_html.py)."""
+        if not self.page:
+            return ""
+        return (f'<p><a class="dit-live-page" href="{html.escape(self.page, quote=True)}" '
+                f'data-dit-live-page="{self.name}">This sampler as one HTML file</a>: it opens from disk, in any '
+                'browser, with no Python and no server; keep it, or send it.</p>\n')
 
     def __repr__(self) -> str:
         s = self.sizes
@@ -72,14 +83,16 @@ def _compact(values):
 
 def live_sampler(model, diffusion=None, *, name: str = "digits", label_names=None, digit: int = 3,
                  cfg_scale: float = 2.0, sampler: str = "ddim", steps: int = 50, seed: int = 0, count: int = 8,
-                 steps_offered: dict | None = None) -> LiveSampler:
+                 steps_offered: dict | None = None, config: dict | None = None, note: str = "") -> LiveSampler:
     """The live sampler of ``model`` for the HTML book, as a cell output (display it, or end a cell with it).
 
     ``diffusion``: the training diffusion (``create_diffusion("")`` with the model's noise schedule; default: the
     linear one). ``label_names``: the class names in the page's menu (default: the class numbers). ``digit``,
     ``cfg_scale``, ``sampler``, ``steps``, ``seed``: the page's initial settings; ``count``: the samples per press.
     ``steps_offered``: the step counts per sampler (default :data:`STEPS`; ``steps`` is added to its sampler's).
-    ``name`` names the model's file in the built book (``_static/dit-live/<name>.js``).
+    ``name`` names the model's file in the built book (``_static/dit-live/<name>.js``). ``config``: for a model
+    that is not a ``dit_core`` DiT but has its parameters (the reader's, :mod:`dit_book.your_dit`), the DiT
+    arguments that rebuild it (:func:`dit_core.export.export_onnx`). ``note``: a sentence put before the page's own.
     """
     from dit_core.diffusion import create_diffusion
     from dit_core.export import INPUT_NAMES, OUTPUT_NAME, export_onnx, sampling_tables
@@ -111,8 +124,10 @@ def live_sampler(model, diffusion=None, *, name: str = "digits", label_names=Non
     if len(names) != num_classes:
         raise ValueError(f"label_names has {len(names)} names for {num_classes} classes")
 
+    if config is None:
+        config = model.config()
     start = time.perf_counter()
-    onnx = export_onnx(model)
+    onnx = export_onnx(model, config=config)
     export_seconds = time.perf_counter() - start
     packed = gzip.compress(onnx, compresslevel=9, mtime=0)
     tables = {}
@@ -123,7 +138,7 @@ def live_sampler(model, diffusion=None, *, name: str = "digits", label_names=Non
             tables[s][str(n)] = {k: _compact(v) if isinstance(v, list) and k != "t" else v for k, v in table.items()}
     bundle = {
         "name": name, "shape": shape, "out_channels": model.out_channels, "num_classes": num_classes,
-        "null_class": guidance, "label_names": names, "config": model.config(),
+        "null_class": guidance, "label_names": names, "config": config,
         "input_names": list(INPUT_NAMES), "output_name": OUTPUT_NAME,
         # the training diffusion, for rebuilding it in Python (tests/test_browser.py): float64 betas, variance type
         "diffusion": {"betas": [float(b) for b in diffusion.betas], "model_var_type": diffusion.model_var_type.name},
@@ -135,13 +150,72 @@ def live_sampler(model, diffusion=None, *, name: str = "digits", label_names=Non
     params = sum(p.numel() for p in model.parameters())
     megabytes = round(len(bundle["onnx"]) / 1e6, 1)
     meta = {"shape": shape, "label_names": names, "null_class": guidance, "steps": offered, "megabytes": megabytes,
-            "note": f"This DiT ({params / 1e6:.2f} M parameters), exported to ONNX by dit_core.export "
-                    f"({len(onnx) / 1e6:.1f} MB, {megabytes} MB in this book), runs here in ONNX Runtime Web "
+            "note": (f"{note} " if note else "") + f"This DiT ({params / 1e6:.2f} M parameters), exported to ONNX "
+                    "by dit_core.export "
+                    f"({len(onnx) / 1e6:.1f} MB, {megabytes} MB in this page), runs here in ONNX Runtime Web "
                     "(WebAssembly, one thread) with dit_core's noise schedule. A seed gives the images of "
                     "generate(..., seed=seed) in Python."}
     defaults = dict(bundle["defaults"], count=count)
     bundle.update(defaults=defaults, meta=meta)  # for a bare <div class="dit-live" data-dit-live="NAME"> elsewhere
     return LiveSampler(name, bundle, defaults, meta, export_seconds)
+
+
+def runtime_folder(runtime=None):
+    """The folder of ONNX Runtime Web that ``make vendor`` fills (default: ``.vendor/static/vendor/onnxruntime-web``
+    of this repository, or ``$DIT_ORT_DIR``), checked to hold what a page loads."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runtime = Path(runtime or os.environ.get("DIT_ORT_DIR") or root / ".vendor" / "static" / "vendor" / "onnxruntime-web")
+    missing = [f for f in ("ort.wasm.min.js", "ort-wasm-inline.js") if not (runtime / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"no ONNX Runtime Web in {runtime} ({', '.join(missing)} missing): run `make vendor` "
+                                "(npm) first, or point DIT_ORT_DIR at such a folder")
+    return runtime
+
+
+def _inline_script(text: str) -> str:
+    """``text`` as the body of an inline ``<script>``: a ``</script`` inside it (in a string or a comment) would end
+    the element, ``<\\/script`` reads the same to JavaScript."""
+    return "<script>" + re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE) + "</script>\n"
+
+
+def standalone_page(widget: LiveSampler, *, runtime=None, title: str = "DiT live sampler", intro: str = "") -> str:
+    """One HTML document that samples ``widget``'s model with nothing beside it: ONNX Runtime Web (its wasm build,
+    gzipped in ``ort-wasm-inline.js``), the model and ``dit_live.js`` inlined as classic scripts, which a page opened
+    from disk may run (it may neither fetch files nor import modules). ``intro``: HTML put above the sampler.
+    About 5 MB of runtime, plus the model."""
+    from pathlib import Path
+
+    runtime = runtime_folder(runtime)
+    root = Path(__file__).resolve().parents[1]
+    bundle = json.dumps(widget.bundle, separators=(",", ":"))
+    model = f"(window.ditLiveModels = window.ditLiveModels || {{}})[{json.dumps(widget.name)}] = {bundle};"
+    markup = LiveSampler(widget.name, widget.bundle, widget.defaults, widget.meta, widget.export_seconds)._repr_html_()
+    markup = markup[: markup.index(f'<script type="{BUNDLE_TYPE}"')]  # without a link to the page itself
+    scripts = "".join(_inline_script(text) for text in (
+        (runtime / "ort.wasm.min.js").read_text(encoding="utf-8"),
+        (runtime / "ort-wasm-inline.js").read_text(encoding="utf-8"), model,
+        (root / "book" / "_ext" / "static" / "dit_live.js").read_text(encoding="utf-8")))
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{html.escape(title)}</title>\n'
+            '<style>body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#1f2328}'
+            '</style>\n' + scripts + f'</head>\n<body>\n<h1>{html.escape(title)}</h1>\n{intro}\n{markup}\n</body></html>\n')
+
+
+def write_standalone(widget: LiveSampler, path, *, runtime=None, title: str = "DiT live sampler", intro: str = ""):
+    """:func:`standalone_page` written to ``path`` (atomically); returns the path."""
+    from pathlib import Path
+
+    from dit_core.atomic import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    widget.bundle["page"] = {"title": title, "intro": intro}  # for the book's build, which writes it again
+    written = atomic_write_text(path, standalone_page(widget, runtime=runtime, title=title, intro=intro))
+    widget.page = path.as_posix()
+    return written
 
 
 def read_built_model(path):
@@ -174,9 +248,7 @@ def write_page(widget: LiveSampler, folder, *, runtime=None, title: str = "DiT l
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    runtime = Path(runtime) if runtime else root / ".vendor" / "static" / "vendor" / "onnxruntime-web"
-    if not (runtime / "ort-wasm-inline.js").is_file():
-        raise FileNotFoundError(f"no ONNX Runtime Web in {runtime}: run `make vendor` (npm) first")
+    runtime = runtime_folder(runtime)
     folder = Path(folder)
     static = folder / "_static"
     shutil.copytree(runtime, static / "vendor" / "onnxruntime-web", dirs_exist_ok=True)

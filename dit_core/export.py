@@ -64,7 +64,7 @@ def _onnx_modules():
 
 
 def export_onnx(model, path: str | os.PathLike | None = None, *, batch_size: int = 2, opset: int | None = None,
-                metadata: dict | None = None) -> bytes:
+                metadata: dict | None = None, config: dict | None = None) -> bytes:
     """The ONNX bytes of ``model``'s forward ``(x, t, y) -> output``; also written to ``path`` when given.
 
     Inputs: ``x`` float32 ``(N, C, H, W)``, ``t`` int64 ``(N,)`` trained step numbers, ``y`` int64 ``(N,)``
@@ -72,14 +72,20 @@ def export_onnx(model, path: str | os.PathLike | None = None, *, batch_size: int
     ``batch_size`` only sizes the example the exporter traces. The model is exported from an fp32 CPU copy in
     eval mode (the caller's model is left alone). ``metadata``: more string entries for the file's
     ``metadata_props`` beside the model's config. ``opset``: the ONNX opset (default: the exporter's).
+    ``config``: the :class:`~dit_core.models.DiT` constructor arguments that rebuild the network
+    (:func:`dit_from_onnx`), for a model of another class with DiT's parameters (a DiT written by a reader of the
+    book, whose parameter names are the official ones); by default ``model.config()``.
     """
     onnx = _onnx_modules()
     version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if version < (2, 6):
         raise RuntimeError(f"export_onnx uses the torch.export-based ONNX exporter of PyTorch 2.6 and newer; this is "
                            f"torch {torch.__version__}: pip install 'torch>=2.6'")
-    if not hasattr(model, "config") or not getattr(model, "num_classes", 0):
-        raise ValueError("export_onnx exports a class-conditional dit_core DiT (num_classes > 0, with .config())")
+    if config is None and hasattr(model, "config"):
+        config = model.config()
+    if config is None or not getattr(model, "num_classes", 0):
+        raise ValueError("export_onnx exports a class-conditional DiT (num_classes > 0) with its config: a dit_core "
+                         "DiT, or another class with DiT's parameters and config= the DiT arguments that rebuild it")
     if batch_size < 2:
         raise ValueError(f"batch_size must be at least 2 (a batch of 1 would fix the batch size), got {batch_size}")
     net = copy.deepcopy(model).float().cpu().eval()
@@ -105,7 +111,7 @@ def export_onnx(model, path: str | os.PathLike | None = None, *, batch_size: int
     finally:
         quiet.setLevel(level)
     proto = program.model_proto
-    props = {CONFIG_KEY: json.dumps(net.config()), **{k: str(v) for k, v in (metadata or {}).items()}}
+    props = {CONFIG_KEY: json.dumps(config), **{k: str(v) for k, v in (metadata or {}).items()}}
     onnx.helper.set_model_props(proto, props)
     data = proto.SerializeToString()
     if path is not None:

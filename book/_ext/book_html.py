@@ -16,7 +16,10 @@
   ``<script type="application/vnd.dit-live+json" data-dit-live="NAME">``. :func:`move_live_models` writes it to
   ``_static/dit-live/NAME.js`` (a classic script, which a page opened from disk may load, unlike a fetched file),
   removes it from the page, so that the page stays light until the reader presses *Sample*, and adds
-  ``static/dit_live.js`` (the widget and the sampling loop) to every page that shows a live sampler.
+  ``static/dit_live.js`` (the widget and the sampling loop) to every page that shows a live sampler. A sampler with
+  a page of its own (chapter 7's model of the reader, :func:`dit_book.browser.write_standalone`) links to it: the
+  build writes that page, one HTML file with the runtime and the model inlined, to ``_static/dit-live/NAME.html``
+  and points the link there.
 
 The browser test (tests/test_browser.py) fails on any console error and any request to another host, so
 removing this extension shows there.
@@ -31,6 +34,10 @@ from pathlib import Path
 LIVE_MODEL = re.compile(
     r'<script type="application/vnd\.dit-live\+json" data-dit-live="([A-Za-z0-9_-]+)">(.*?)</script>', re.DOTALL)
 LIVE_WIDGET = re.compile(r'<div class="dit-live" data-dit-live="')
+#: The link to a live sampler's page of its own (dit_book.browser.LiveSampler._page_link).
+LIVE_PAGE = re.compile(r'<a class="dit-live-page" href="[^"]*" data-dit-live-page="([A-Za-z0-9_-]+)">')
+#: Where ONNX Runtime Web lies under a folder of html_static_path (``make vendor``).
+RUNTIME = Path("vendor") / "onnxruntime-web"
 
 #: Stylesheets that notebook outputs link from a CDN -> the vendored copy under _static/ (see the Makefile).
 VENDORED_CSS = {
@@ -68,15 +75,40 @@ def move_live_models(app, pagename, templatename, context, doctree) -> None:
     if not body or not LIVE_WIDGET.search(body):
         return
     folder = Path(app.outdir) / "_static" / "dit-live"
+    bundles = {}
 
     def write(match):
         folder.mkdir(parents=True, exist_ok=True)
         name, bundle = match.group(1), match.group(2)
         (folder / f"{name}.js").write_text(
             f"(window.ditLiveModels = window.ditLiveModels || {{}})[{name!r}] = {bundle};\n", encoding="utf-8")
+        bundles[name] = bundle
         return ""
 
-    context["body"] = LIVE_MODEL.sub(write, body)
+    body = LIVE_MODEL.sub(write, body)
+
+    def page(match):
+        name = match.group(1)
+        runtime = next((Path(app.confdir) / p / RUNTIME for p in app.config.html_static_path
+                        if (Path(app.confdir) / p / RUNTIME / "ort-wasm-inline.js").is_file()), None)
+        if name not in bundles or runtime is None:
+            from sphinx.util import logging
+
+            why = "no ONNX Runtime Web: make vendor" if runtime is None else "no model"
+            logging.getLogger(__name__).warning(f"{pagename}: no page of its own for the live sampler {name!r} ({why})")
+            return match.group(0)
+        import json
+
+        from dit_book.browser import LiveSampler, standalone_page
+
+        bundle = json.loads(bundles[name])
+        widget = LiveSampler(name, bundle, bundle["defaults"], bundle["meta"], bundle.get("export_seconds", 0.0))
+        text = standalone_page(widget, runtime=runtime, **bundle.get("page", {}))
+        (folder / f"{name}.html").write_text(text, encoding="utf-8")
+        href = context["pathto"](f"_static/dit-live/{name}.html", 1)
+        return f'<a class="dit-live-page" href="{href}" data-dit-live-page="{name}">'
+
+    context["body"] = LIVE_PAGE.sub(page, body)
     app.add_js_file("dit_live.js")  # for this page only (called in html-page-context)
 
 

@@ -16,11 +16,16 @@
 //
 // window.ditLive.sample(name, {labels, cfgScale, sampler, steps, seed | noise}) is the same loop without the page's
 // controls (tests/test_browser.py compares it with dit_core).
+//
+// A page of its own (dit_book.browser.standalone_page: one file, a reader's model) inlines the runtime, the model and
+// this script before its body: what is already defined (window.ort, window.ditOrtWasm, window.ditLiveModels[NAME]) is
+// not loaded again.
 (function () {
   "use strict";
   if (window.ditLive) return;
   var script = document.currentScript;
-  var staticRoot = script.src.slice(0, script.src.lastIndexOf("/") + 1); // .../_static/
+  var source = (script && script.src) || ""; // "" when inlined in a page of its own
+  var staticRoot = source.slice(0, source.lastIndexOf("/") + 1); // .../_static/
   var ORT_DIR = staticRoot + "vendor/onnxruntime-web/";
   var MODEL_DIR = staticRoot + "dit-live/";
   var fr = Math.fround;
@@ -55,8 +60,9 @@
   var runtime = null;
   function loadRuntime() {
     if (!runtime) {
-      runtime = loadScript(ORT_DIR + "ort.wasm.min.js")
-        .then(function () { return loadScript(ORT_DIR + "ort-wasm-inline.js"); })
+      var inlined = window.ort && window.ditOrtWasm;
+      runtime = (inlined ? Promise.resolve() : loadScript(ORT_DIR + "ort.wasm.min.js")
+        .then(function () { return loadScript(ORT_DIR + "ort-wasm-inline.js"); }))
         .then(function () {
           var packed = window.ditOrtWasm;
           return Promise.all([gunzip(base64Bytes(packed.wasm)), gunzip(base64Bytes(packed.mjs))]);
@@ -77,12 +83,15 @@
   function load(name) {
     if (!models[name]) {
       var started = performance.now();
-      models[name] = Promise.all([loadRuntime(), loadScript(MODEL_DIR + encodeURIComponent(name) + ".js")])
+      var inlined = (window.ditLiveModels || {})[name];
+      models[name] = Promise.all([loadRuntime(), inlined ? null : loadScript(MODEL_DIR + encodeURIComponent(name) + ".js")])
         .then(function (parts) {
           var bundle = (window.ditLiveModels || {})[name];
           if (!bundle) throw new Error("no model " + name + " in " + MODEL_DIR + encodeURIComponent(name) + ".js");
           return gunzip(base64Bytes(bundle.onnx)).then(function (onnx) {
-            return parts[0].InferenceSession.create(onnx, { executionProviders: ["wasm"] });
+            // logSeverityLevel 3: errors only; the graph optimiser's warnings (a CastLike it cannot fold) are no
+            // reader's business, and reach the console as errors
+            return parts[0].InferenceSession.create(onnx, { executionProviders: ["wasm"], logSeverityLevel: 3 });
           }).then(function (session) {
             var tables = {};
             Object.keys(bundle.tables).forEach(function (sampler) {
