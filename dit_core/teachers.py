@@ -259,7 +259,7 @@ def fit_pixel_teacher(images: torch.Tensor, labels: torch.Tensor, num_classes: i
                       flip: bool = True) -> PixelTeacher:
     """Train a :class:`PixelTeacher` on ``images`` (N, C, H, W) in [-1, 1] with their ``labels``: ``steps`` Adam
     steps on shuffled batches (a one-cycle learning rate up to ``lr``), random horizontal flips when ``flip``
-    (not for digits: a mirrored 3 is no 3). Deterministic for a given seed and thread count. Returns it in eval
+    (not for digits: a mirrored 3 is no 3; a set of labels: of those classes only). Deterministic for a given seed and thread count. Returns it in eval
     mode, frozen, with ``train_accuracy`` (its accuracy on ``images``)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -277,6 +277,8 @@ def fit_pixel_teacher(images: torch.Tensor, labels: torch.Tensor, num_classes: i
         x = images[idx]
         if flip:
             mirrored = torch.rand(len(idx), generator=g) < 0.5
+            if flip is not True:  # the labels whose images flip
+                mirrored &= torch.tensor([int(c) in flip for c in labels[idx]], dtype=torch.bool)
             x = torch.where(mirrored[:, None, None, None], x.flip(-1), x)
         loss = F.cross_entropy(net(x), labels[idx])
         opt.zero_grad(set_to_none=True)
@@ -307,7 +309,8 @@ def run_teacher(cfg, dataset, out: Path, procs, device, grid: int):
             images, labels = torch.stack(xs).float(), torch.as_tensor(ys, dtype=torch.long)
             num_classes = getattr(getattr(dataset, "dataset", dataset), "num_classes", None) or int(labels.max()) + 1
             started = time.perf_counter()
-            net = fit_pixel_teacher(images, labels, max(2, num_classes), seed=cfg.seed, flip=cfg.flip)
+            flip = getattr(getattr(dataset, "dataset", dataset), "flip", cfg.flip)  # flip auto: the probe's classes
+            net = fit_pixel_teacher(images, labels, max(2, num_classes), seed=cfg.seed, flip=flip)
             print(f"REPA teacher: a small CNN fitted on the {len(images)} training images in "
                   f"{time.perf_counter() - started:.0f} s, {net.train_accuracy:.1%} of them classified right "
                   f"(kept in {path})", flush=True)

@@ -3,11 +3,16 @@
     dit-data check ROOT [--image-size 256] [--mode RGB|L] [--split train] [--quick] [--workers N] [--json]
     dit-data digits OUT [--image-size 8] [--val-fraction 0.2] [--seed 0] [--overwrite]
     dit-data shapes OUT [--per-class 300] [--classes circle,square,triangle] [--seed 0] [--grayscale] [--rotation upright|any]
+    dit-data bench OUT [--kind glyphs|shapes|textures] [--seed 0] [--per-class 300]
     dit-data imagenette OUT [--archive imagenette2-320.tgz] [--cache DIR] [--no-download]
 
 ``dit-data shapes`` writes a folder of coloured shapes (one sub-folder per shape, files of varied size and format;
 :mod:`dit_core.data.shapes`): a stand-in for a reader's own small images, with a judge that scores samples of it
 (``python -m dit_core.eval.shapes RUN``).
+
+``dit-data bench`` writes one folder of the test bench (:mod:`dit_core.data.bench`): letters, shapes or textures in
+files wider or taller than square, objects small and off-centre, classes that change when mirrored; its judge is
+:mod:`dit_core.eval.bench`.
 
 ``dit-data imagenette`` is a download by name: it fetches ``imagenette2-320.tgz`` (342 MB) into the cache
 (``$DIT_CACHE``, default ``~/.cache/dit-one-gpu``) unless ``--archive`` or the cache already has it, checks its
@@ -46,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     from dit_core.data.shapes import add_arguments
 
     add_arguments(shapes)
+    bench = sub.add_parser("bench", help="write a folder of the test bench: letters, shapes or textures in non-square "
+                                         "files, off-centre objects, classes that change when mirrored (no download)")
+    from dit_core.data.bench import add_arguments as bench_arguments
+
+    bench_arguments(bench)
     nette = sub.add_parser("imagenette", help="download (or take) Imagenette and write it as an ImageFolder with "
                                                "ImageNet-1k labels")
     nette.add_argument("out", help="output folder (written whole at the end; an existing complete one is kept)")
@@ -103,6 +113,10 @@ def main(argv=None) -> int:
         from dit_core.data.shapes import run
 
         return run(args)
+    if args.command == "bench":
+        from dit_core.data.bench import run as bench_run
+
+        return bench_run(args)
 
     from dit_core.data.digits import export_digits
 

@@ -11,7 +11,8 @@
 The labels are ``--classes`` x ``--per-class`` (in that order), or ``--num-samples N`` labels drawn by
 ``--labels uniform`` (independent uniform draws, as the official sample_ddp.py) or ``balanced`` (N/C per class,
 shuffled), from ``--seed``. Unset sampling options come from the checkpoint's run (digits: ddim, 50 steps,
-cfg 2), or for an official checkpoint from the official sample.py (ddpm, 250 steps, cfg 4, guidance on 3
+cfg 2; the guidance chosen for the run's folder when it has a ``guidance.json``, which ``--choose-guidance``
+writes; an explicit ``--cfg-scale`` still wins), or for an official checkpoint from the official sample.py (ddpm, 250 steps, cfg 4, guidance on 3
 channels, the mse VAE). ``--official`` is the official FID evaluation (sample_ddp.py): 250 DDPM steps, cfg 1.5,
 guidance on the first 3 latent channels, the ema VAE, uniform labels, fp32 with TF32, 50,000 samples; each
 setting can still be overridden.
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the official FID settings: ddpm 250 steps, cfg 1.5 on 3 channels, ema VAE, uniform labels, "
                    "fp32 + TF32, 50000 samples with --npz")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (1: none)")
+    p.add_argument("--guidance-interval", default=None, metavar="LO,HI",
+                   help="guide only where the path's time t (0: image, 1: noise) is in [LO, HI] (default: the run's "
+                        "chosen guidance, else everywhere; 0,1: everywhere)")
+    p.add_argument("--choose-guidance", action="store_true",
+                   help="a run folder: choose its guidance for its folder first (dit_core.eval.guidance: a few scales "
+                        "scored by a judge fitted on the folder), record it in <run>/guidance.json and sample with it")
     p.add_argument("--guidance-channels", type=int, default=None,
                    help="guide only the first K noise channels (3: the official sampler; default: all)")
     p.add_argument("--sampler", default=None, choices=list(SAMPLERS),
@@ -91,6 +98,8 @@ def _check_arguments(args) -> str | None:
         return "--labels chooses the labels of --num-samples N; pass --num-samples too"
     if args.shard_size is not None and args.shard_size < 1:
         return "--shard-size must be at least 1"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.choose_guidance:
+        return "--choose-guidance runs in one process; choose first (dit-sample --ckpt RUN --choose-guidance ...), then torchrun"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.npz:
         return "under torchrun the processes share the work of an --npz; pass --npz (a grid needs one process)"
     return None
@@ -121,6 +130,9 @@ def _settings(args, info, model) -> dict:
     s["steps"] = args.steps or (base.get("steps") if s["sampler"] == base.get("sampler") else None) or \
         (SAMPLERS[s["sampler"]][1] or 250)  # ddpm: the paper's 250
     s["cfg_scale"] = args.cfg_scale if args.cfg_scale is not None else (base.get("cfg_scale") or 4.0)
+    # an explicit --cfg-scale is constant guidance unless an interval is given with it; else the run's choice
+    s["guidance_interval"] = (_interval(args.guidance_interval) if args.guidance_interval is not None else
+                              None if args.cfg_scale is not None else base.get("guidance_interval"))
     s["guidance_channels"] = args.guidance_channels if args.guidance_channels is not None else \
         base.get("guidance_channels")
     s["vae"] = (args.vae or base.get("vae")) if info.get("space") == "latent" else None
@@ -137,6 +149,17 @@ def _settings(args, info, model) -> dict:
         s["cfg_scale"] = 1.0
     s["source"] = source
     return s, notes
+
+
+def _interval(text: str):
+    """``"LO,HI"`` -> ``(lo, hi)``; ``"0,1"`` (everywhere) -> None."""
+    from dit_core.sample import check_interval
+
+    try:
+        lo, hi = check_interval(text.replace(" ", "").split(","))
+    except ValueError as err:
+        raise ValueError(f"--guidance-interval: {err}") from None
+    return None if (lo, hi) == (0.0, 1.0) else (lo, hi)
 
 
 def _settings_note(args, s: dict, how: dict, amp: str, device) -> str:
@@ -185,6 +208,10 @@ def main(argv=None) -> int:
     world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     try:
         device = _start_processes(args.device, world_size)
+        if args.choose_guidance and rank == 0:
+            from dit_core.eval.guidance import choose_guidance
+
+            choose_guidance(args.ckpt, device=device, progress=not args.no_progress)
         model, info = load_model(args.ckpt, device=device)
         settings, notes = _settings(args, info, model)
         amp = resolve_precision(settings["precision"], device)
@@ -204,10 +231,12 @@ def main(argv=None) -> int:
         return _fail(str(err))
     batch_size = args.batch_size or (128 if device.type == "cuda" else 64)
     options = dict(cfg_scale=settings["cfg_scale"], sampler=settings["sampler"],
-                   steps=settings["steps"], guidance_channels=settings["guidance_channels"], eta=args.eta, amp=amp,
+                   steps=settings["steps"], guidance_channels=settings["guidance_channels"],
+                   guidance_interval=settings["guidance_interval"], eta=args.eta, amp=amp,
                    device=device, batch_size=batch_size, vae=vae, decode_batch_size=args.decode_batch_size)
     summary = dict(ckpt=str(args.ckpt), kind=info.get("kind"), official=bool(args.official), images=len(labels),
                    **how, sampler=settings["sampler"], steps=settings["steps"], cfg_scale=settings["cfg_scale"],
+                   guidance_interval=list(settings["guidance_interval"]) if settings["guidance_interval"] else None,
                    guidance_channels=settings["guidance_channels"], eta=args.eta, seed=args.seed, precision=amp,
                    vae=settings["vae"], device=str(device), batch_size=batch_size)
     if how["labels"] != "classes" or len(labels) > 64:
@@ -358,7 +387,9 @@ def _report(args, summary: dict, images, labels: list, info: dict, how: dict, se
     else:
         what = f"{sampled} images" + (f" (+{summary['images_resumed']} from before)"
                                       if summary.get("images_resumed") else "")
-        print(f"{what} ({summary['sampler']}, {summary['steps']} steps, cfg {summary['cfg_scale']}, "
+        interval = summary.get("guidance_interval")
+        cfg = f"cfg {summary['cfg_scale']}" + (f" for t in [{interval[0]:g}, {interval[1]:g}]" if interval else "")
+        print(f"{what} ({summary['sampler']}, {summary['steps']} steps, {cfg}, "
               f"{summary['precision']}, {summary['device']}) in {seconds:.2f} s: {summary['images_per_second']} "
               "images/s" + "".join(f"; {k} -> {summary[k]}" for k in ("grid", "npz") if k in summary))
         if "note" in summary:

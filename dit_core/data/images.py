@@ -261,16 +261,34 @@ def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
     return Image.fromarray(arr[top : top + image_size, left : left + image_size])
 
 
+#: The ways to bring a file to the training square (:func:`resize_to`).
+CROPS = ("adm", "object", "resize")
+
+
 def resize_to(pil_image: Image.Image, image_size: int | None, center_crop: str | None) -> Image.Image:
-    """Bring an image to the training size: ``"adm"`` crop, ``"resize"`` (squash to a square), or
-    ``None`` (keep the image as it is; every image must then already have the same size)."""
+    """Bring an image to the training size: ``"adm"`` crop (the centre square, as DiT), ``"object"`` (the square
+    of the short side placed where the object is, :func:`dit_core.data.objects.object_crop`; the centre square
+    where nothing stands out), ``"resize"`` (squash to a square), or ``None`` (keep the image as it is; every
+    image must then already have the same size)."""
     if image_size is None or center_crop is None:
         return pil_image
     if center_crop == "adm":
         return center_crop_arr(pil_image, image_size)
+    if center_crop == "object":
+        from .objects import object_crop
+
+        return object_crop(pil_image, image_size)
     if center_crop == "resize":
         return pil_image.resize((image_size, image_size), resample=Image.BICUBIC)
-    raise ValueError(f"center_crop must be 'adm', 'resize' or None, got {center_crop!r}")
+    raise ValueError(f"center_crop must be one of {', '.join(CROPS)} or None, got {center_crop!r}")
+
+
+def flips_label(flip, label: int) -> bool:
+    """Whether files of class ``label`` are flipped at random: ``flip`` is a bool (every class or none) or a set
+    of the labels that are."""
+    if isinstance(flip, (bool, np.bool_)):
+        return bool(flip)
+    return int(label) in flip
 
 
 def to_tensor(pil_image: Image.Image) -> torch.Tensor:
@@ -288,8 +306,10 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     """Images from ``root/<class>/<image>`` (or ``root/<split>/<class>/<image>``) as DiT trains on them.
 
     ``dataset[i]`` is ``(x, label)``: ``x`` a float32 tensor (C, H, W) in [-1, 1] (C = 3 for mode "RGB",
-    1 for "L"), center cropped to ``image_size`` and flipped left-right with probability 1/2 when
-    ``flip`` is true. Labels follow the sorted class names, as in torchvision.
+    1 for "L"), cropped to ``image_size`` (``center_crop``: one of :data:`CROPS`) and flipped left-right with
+    probability 1/2 when ``flip`` is true; ``flip`` may also be a set of labels, the classes whose files are
+    flipped (:func:`flips_label`; the pre-flight probe decides it per class, :mod:`dit_core.data.probe`). Labels
+    follow the sorted class names, as in torchvision.
 
     Bad files never stop an epoch: zero-byte files are left out when the folder is scanned (with a
     warning); a file that fails to decode when it is read is reported once and the next readable image
@@ -312,8 +332,8 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     ):
         if mode not in ("RGB", "L"):
             raise ValueError(f"mode must be 'RGB' (colour) or 'L' (grayscale), got {mode!r}")
-        if center_crop not in ("adm", "resize", None):
-            raise ValueError(f"center_crop must be 'adm', 'resize' or None, got {center_crop!r}")
+        if center_crop not in (*CROPS, None):
+            raise ValueError(f"center_crop must be one of {', '.join(CROPS)} or None, got {center_crop!r}")
         self.root = resolve_split(root, split)
         self.image_size = image_size
         self.mode = mode
@@ -388,7 +408,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                     stacklevel=2,
                 )
                 continue
-            if self.flip and torch.rand(()) < 0.5:
+            if self.flip and torch.rand(()) < 0.5 and flips_label(self.flip, label):
                 x = x.flip(-1)
             return x, label
         raise RuntimeError(

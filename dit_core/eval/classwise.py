@@ -75,7 +75,8 @@ def score(images, labels, judge, reference: str = "train") -> dict:
 
 def sample_and_score(model, diffusion, judge, class_names=None, per_class: int = 20, cfg_scale: float = 1.0,
                      sampler: str = "ddim", steps: int | None = 50, seed: int = 0,
-                     device=None, amp: str = "fp32", batch_size: int = 100, progress: bool = False) -> dict:
+                     device=None, amp: str = "fp32", batch_size: int = 100, progress: bool = False,
+                     guidance_interval=None) -> dict:
     """Sample ``per_class`` images of every class of ``model`` and :func:`score` them.
 
     ``class_names``: the model's class names in its label order (a run's ``classes``; default: the judge's
@@ -90,13 +91,14 @@ def sample_and_score(model, diffusion, judge, class_names=None, per_class: int =
         raise ValueError(f"the model has {num_classes} classes but {len(names)} class names were given")
     to_judge = map_labels(names, judge.classes)
     labels = torch.arange(num_classes).repeat_interleave(per_class)
-    images = generate(model, diffusion, labels, cfg_scale=cfg_scale, sampler=sampler,
-                      steps=steps, seed=seed, device=device, amp=amp, batch_size=batch_size, progress=progress)
+    images = generate(model, diffusion, labels, cfg_scale=cfg_scale, sampler=sampler, steps=steps, seed=seed,
+                      device=device, amp=amp, batch_size=batch_size, progress=progress,
+                      guidance_interval=guidance_interval)
     judge_labels = torch.tensor([to_judge[int(c)] for c in labels])
     out = score(images, judge_labels, judge)
     out.update(images=images, labels=labels, judge_labels=judge_labels, class_names=[str(n) for n in names],
                per_class_samples=per_class, cfg_scale=cfg_scale, sampler=sampler,
-               steps=steps, seed=seed)
+               steps=steps, seed=seed, guidance_interval=guidance_interval)
     return out
 
 

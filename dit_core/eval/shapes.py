@@ -149,29 +149,23 @@ def _augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return x.flip(-1) if torch.rand((), generator=g) < 0.5 else x
 
 
-class ShapesClassifier:
-    """A :class:`ShapeNet` fitted on real shapes of ``classes`` as the trainer reads them at ``image_size``.
+class SilhouetteJudge:
+    """A :class:`ShapeNet` on the :func:`silhouette` of images, fitted on real images of ``classes``: what every
+    judge of the CPU track's folders shares (this module's shapes, :mod:`dit_core.eval.bench`,
+    :mod:`dit_core.eval.folder`). A subclass renders or reads its real images and calls :meth:`fit`; the judge
+    interface of :mod:`dit_core.eval.classwise` (``classes``, ``val_accuracy``, ``predict``, ``features``,
+    ``real_images``) is here."""
 
-    ``classes``: the shapes in the label order of the model to judge (the trainer's order is the sorted
-    folder names). Real images: ``per_class`` for training, ``val_per_class`` more (other indices, same
-    seed) held out for :attr:`val_accuracy`; the distance's reference is the training set, its floor the
-    held-out set (:meth:`real_images`). With the defaults (200 + 100 images per class, 12 epochs) a fit of 3
-    classes takes about 8 s on one free core, rendering included. Measured over 5 seeds: 8 epochs gave 89 % to
-    100 % held-out accuracy, 12 epochs 99.7 % to 100 %.
-    """
-
-    def __init__(self, classes=DEFAULT_CLASSES, image_size: int = 32, mode: str = "RGB", per_class: int = 200,
-                 val_per_class: int = 100, epochs: int = 12, seed: int = JUDGE_SEED):
+    def fit(self, classes, train: tuple, val: tuple, epochs: int, seed: int, augment=None) -> None:
+        """Fit on ``train = (images, labels)``, hold ``val`` out for :attr:`val_accuracy`; ``augment(x, g)``
+        changes a batch in ways that cannot change its class (None: nothing)."""
         self.classes = [str(c) for c in classes]
-        self.image_size, self.mode = int(image_size), mode
-        x, y = real_shapes(self.classes, per_class, seed=seed, image_size=image_size, mode=mode)
-        xv, yv = real_shapes(self.classes, val_per_class, seed=seed, image_size=image_size, mode=mode,
-                             start=per_class)
+        (x, y), (xv, yv) = train, val
         self._real = {"train": (x, y), "val": (xv, yv)}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.net = ShapeNet(len(self.classes))
-        self._fit(prepare(x), y, epochs, torch.Generator().manual_seed(seed))
+        self._fit(prepare(x), y, epochs, torch.Generator().manual_seed(seed), augment=augment)
         self._mean, self._std = 0.0, 1.0
         raw = self._raw_features(x, 512)
         # one scale per group (pooled, colour, histogram, border), so each group's variances sum to 1 over the
@@ -180,10 +174,11 @@ class ShapesClassifier:
         self._mean, self._std = raw.mean(axis=0), np.ones(raw.shape[1])
         for g in groups:
             self._std[g] = np.sqrt(raw[:, g].var(axis=0).sum()) + 1e-6
-        self.val_accuracy = float((self.predict(xv) == yv.numpy()).mean())
+        self.val_accuracy = float((self.predict(xv) == yv.numpy()).mean()) if len(yv) else float("nan")
         self.num_train, self.num_val = len(y), len(yv)
 
-    def _fit(self, x: torch.Tensor, y: torch.Tensor, epochs: int, g: torch.Generator, batch: int = 64) -> None:
+    def _fit(self, x: torch.Tensor, y: torch.Tensor, epochs: int, g: torch.Generator, batch: int = 64,
+             augment=None) -> None:
         """Adam, one-cycle learning rate (up to 1e-2 and down again), cross-entropy."""
         opt = torch.optim.Adam(self.net.parameters(), lr=1e-2)
         steps = epochs * -(-len(x) // batch)
@@ -193,7 +188,8 @@ class ShapesClassifier:
             order = torch.randperm(len(x), generator=g)
             for start in range(0, len(x), batch):
                 idx = order[start : start + batch]
-                loss = F.cross_entropy(self.net(_augment(x[idx], g)), y[idx])
+                xb = x[idx] if augment is None else augment(x[idx], g)
+                loss = F.cross_entropy(self.net(xb), y[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -240,10 +236,6 @@ class ShapesClassifier:
         plain = border.std(dim=2).mean(dim=1, keepdim=True)
         return torch.cat([pooled, colour, hist, plain], dim=1).double().numpy()
 
-    def is_clean(self, images) -> np.ndarray:
-        """:func:`is_clean`: whether each image's shape is one clean piece (the strict accuracy's second test)."""
-        return is_clean(images)
-
     def accuracy(self, images, labels) -> float:
         labels = np.asarray(torch.as_tensor(labels).cpu())
         if len(labels) != len(images):
@@ -255,6 +247,31 @@ class ShapesClassifier:
         if split not in self._real:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         return self._real[split]
+
+
+class ShapesClassifier(SilhouetteJudge):
+    """A :class:`ShapeNet` fitted on real shapes of ``classes`` as the trainer reads them at ``image_size``.
+
+    ``classes``: the shapes in the label order of the model to judge (the trainer's order is the sorted
+    folder names). Real images: ``per_class`` for training, ``val_per_class`` more (other indices, same
+    seed) held out for :attr:`val_accuracy`; the distance's reference is the training set, its floor the
+    held-out set (:meth:`real_images`). With the defaults (200 + 100 images per class, 12 epochs) a fit of 3
+    classes takes about 8 s on one free core, rendering included. Measured over 5 seeds: 8 epochs gave 89 % to
+    100 % held-out accuracy, 12 epochs 99.7 % to 100 %.
+    """
+
+    def __init__(self, classes=DEFAULT_CLASSES, image_size: int = 32, mode: str = "RGB", per_class: int = 200,
+                 val_per_class: int = 100, epochs: int = 12, seed: int = JUDGE_SEED):
+        self.image_size, self.mode = int(image_size), mode
+        classes = [str(c) for c in classes]
+        x, y = real_shapes(classes, per_class, seed=seed, image_size=image_size, mode=mode)
+        xv, yv = real_shapes(classes, val_per_class, seed=seed, image_size=image_size, mode=mode,
+                             start=per_class)
+        self.fit(classes, (x, y), (xv, yv), epochs, seed, augment=_augment)
+
+    def is_clean(self, images) -> np.ndarray:
+        """:func:`is_clean`: whether each image's shape is one clean piece (the strict accuracy's second test)."""
+        return is_clean(images)
 
 
 @functools.lru_cache(maxsize=4)

@@ -98,13 +98,14 @@ def open_dataset(
     flip: bool = True,
     split: str | None = None,
     sample: bool = True,
+    center_crop: str = "adm",
 ):
     """The training dataset behind ``path``: latents if it is an extraction folder, images otherwise.
 
     - a folder with ``manifest.json`` from :func:`extract_latents` -> :class:`LatentDataset` (latent-space
       DiT; sample with the VAE named in ``dataset.vae``);
     - an ImageFolder -> :class:`~dit_core.data.ImageFolderDataset` at ``image_size`` (pixel-space DiT, as
-      the digits profile trains: no VAE at all).
+      the digits profile trains: no VAE at all), brought to a square by ``center_crop``.
 
     Both return ``(x, label)`` and have ``classes``, ``num_classes`` and ``sample_shape`` (C, H, W), so a
     trainer builds the model from ``sample_shape`` and never needs to know which one it got.
@@ -114,4 +115,4 @@ def open_dataset(
         return LatentDataset(path, flip=flip, sample=sample)
     if image_size is None:
         raise ValueError(f"{path} is an image folder: pass image_size (the pixel size to train at)")
-    return ImageFolderDataset(path, image_size, split=split, mode=mode, flip=flip)
+    return ImageFolderDataset(path, image_size, split=split, mode=mode, flip=flip, center_crop=center_crop)

@@ -15,8 +15,8 @@
 from .files import load_model, make_grid, parse_classes, save_grid, save_npz, to_uint8
 from .dpm import dpm_solver_scheduler
 from .placement import sampling_copy
-from .samplers import check_guidance, ddim_timesteps, generate, guided, has_null_class, respaced
+from .samplers import check_guidance, check_interval, ddim_timesteps, generate, guided, has_null_class, respaced
 
-__all__ = ["check_guidance", "ddim_timesteps", "dpm_solver_scheduler", "generate", "guided", "has_null_class",
+__all__ = ["check_guidance", "check_interval", "ddim_timesteps", "dpm_solver_scheduler", "generate", "guided", "has_null_class",
            "load_model", "make_grid", "parse_classes", "respaced", "sampling_copy",
            "save_grid", "save_npz", "to_uint8"]

@@ -153,7 +153,9 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
     :func:`dit_core.diffusion.create_process`), ``noise_schedule``/``diffusion_steps``, ``null_class`` (whether
     guidance is possible), and the sampling settings (``sampler``, ``steps``, ``cfg_scale``, for an official
     checkpoint also ``guidance_channels``): the run's, or for an official checkpoint those of the official
-    ``sample.py``.
+    ``sample.py``. A run whose guidance was chosen after training (``<run>/guidance.json``,
+    :mod:`dit_core.eval.guidance`) samples with that choice: ``cfg_scale``, ``guidance_interval`` and
+    ``guidance_source`` come from there.
     """
     from ..checkpoint import load_dit
     from ..interop import is_diffusers_folder, load_diffusers
@@ -190,6 +192,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
         )
         if latent and not info["vae"]:
             info["vae"] = _vae_of_latents(config.get("latents_path") or config.get("data_path"))
+        info.update(chosen_guidance(path))
     else:  # a bare state dict or an official train.py checkpoint: the official models are latent models of SD's VAE
         latent = model.in_channels == 4
         vae = getattr(model, "checkpoint_meta", {}).get("vae")  # an official train.py checkpoint names its VAE
@@ -199,6 +202,29 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
                     sampler="ddpm", steps=250, cfg_scale=4.0, guidance_channels=3 if latent else None)
     info["null_class"] = has_null_class(model)
     return model, info
+
+
+#: The file in a run folder that holds the guidance chosen for the run (:mod:`dit_core.eval.guidance`).
+GUIDANCE_FILE = "guidance.json"
+
+
+def chosen_guidance(checkpoint: Path) -> dict:
+    """The guidance chosen for the run that holds ``checkpoint`` (``<run>/checkpoints/*.pt``), as sampling
+    settings ``cfg_scale``, ``guidance_interval`` and ``guidance_source`` (the file); {} when none was chosen."""
+    import json
+
+    checkpoint = Path(checkpoint)
+    if checkpoint.parent.name != "checkpoints":
+        return {}
+    path = checkpoint.parent.parent / GUIDANCE_FILE
+    try:
+        chosen = json.loads(path.read_text())["chosen"]
+        interval = chosen.get("interval")
+        return {"cfg_scale": float(chosen["cfg_scale"]),
+                "guidance_interval": [float(v) for v in interval] if interval else None,
+                "guidance_source": str(path)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _training_config(path: Path) -> dict:

@@ -14,7 +14,10 @@
 * **guidance** (Ho & Salimans 2022; DiT Sec. 4) runs the conditional and the null-class halves in one batch
   through :meth:`dit_core.models.DiT.forward_with_cfg`: ``eps = eps_null + s (eps_y - eps_null)`` on all noise
   channels, or on the first ``guidance_channels`` (3 reproduces the official sampler and its FID of 2.27).
-  ``cfg_scale=1`` is plain conditional sampling and skips the second half (:func:`guided`).
+  ``cfg_scale=1`` is plain conditional sampling and skips the second half (:func:`guided`). With a
+  ``guidance_interval`` ``(lo, hi)`` the guidance acts only where the time ``t`` of the path (0: the image, 1:
+  pure noise; DiT's timestep over its 1,000) lies in that interval, and the plain model runs elsewhere
+  (Kynkäänniemi et al. 2024, arXiv 2404.07724: guidance early on the path costs variety and buys little).
 * **reproducible per sample.** Sample ``i`` draws its starting noise, and with DDPM or ``eta > 0`` the noise of
   every step, from its own CPU generator seeded with ``seed + i``. An image therefore depends on its seed and
   label only, not on the batch size, the batch it landed in or the device (up to float round-off of batched
@@ -110,21 +113,37 @@ def check_guidance(model, cfg_scale: float) -> None:
         )
 
 
-def guided(model, cfg_scale: float, guidance_channels: int | None = None):
+def guided(model, cfg_scale: float, guidance_channels: int | None = None, interval=None,
+           time_scale: float = 1000.0):
     """``model_fn(x, t, y)`` for a batch of N, as the samplers call it: the plain model when ``cfg_scale`` is 1,
     else the guided half of :meth:`dit_core.models.DiT.forward_with_cfg` on the doubled batch ``[x, x]`` with
-    labels ``[y, null class]`` (one forward pass of 2N)."""
+    labels ``[y, null class]`` (one forward pass of 2N). ``interval``: ``(lo, hi)``, guide only where the model's
+    timestep over ``time_scale`` (the training steps) lies in it (None: everywhere)."""
     if cfg_scale == 1.0 or not getattr(model, "num_classes", 0):
         return lambda x, t, y: model(x, t, y).float()
     check_guidance(model, cfg_scale)
+    lo, hi = check_interval(interval) if interval is not None else (0.0, 1.0)
 
     def model_fn(x, t, y):
+        if interval is not None and not lo <= float(t.reshape(-1)[0]) / time_scale <= hi:
+            return model(x, t, y).float()  # outside the interval: the conditional model alone
         null = torch.full_like(y, model.num_classes)
         out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), cfg_scale,
                                      guidance_channels=guidance_channels)
         return out[: len(x)].float()
 
     return model_fn
+
+
+def check_interval(interval) -> tuple[float, float]:
+    """``(lo, hi)`` with ``0 <= lo < hi <= 1`` (a clear error otherwise)."""
+    try:
+        lo, hi = (float(v) for v in interval)
+    except (TypeError, ValueError):
+        raise ValueError(f"a guidance interval is two times (lo, hi) in [0, 1], got {interval!r}") from None
+    if not 0.0 <= lo < hi <= 1.0:
+        raise ValueError(f"a guidance interval needs 0 <= lo < hi <= 1 (0: the image, 1: pure noise), got {interval!r}")
+    return lo, hi
 
 
 def _noise(gens, shape, device) -> torch.Tensor:
@@ -197,6 +216,7 @@ def generate(
     batch_size: int = 64,
     clip_denoised: bool | None = None,
     guidance_channels: int | None = None,
+    guidance_interval=None,
     eta: float = 0.0,
     amp: str = "fp32",
     progress: bool = False,
@@ -217,7 +237,8 @@ def generate(
       ``"dpm-solver++"`` for DiT's diffusion; ``"euler"`` (= ``"ddim"``), ``"heun"`` or ``"euler-maruyama"``
       for a flow model.
     - ``cfg_scale``/``guidance_channels``: classifier-free guidance scale, and how many noise channels it
-      acts on (None: all; 3: the official sampler).
+      acts on (None: all; 3: the official sampler); ``guidance_interval``: ``(lo, hi)``, guidance only for the
+      times of the path in it (0: the image, 1: noise; None: everywhere).
     - ``clip_denoised``: clamp the predicted x_0 to [-1, 1]; default True in pixel space (the result is an
       image in [-1, 1]) and False with a ``vae`` (latents are not bounded).
     - ``vae``: a diffusers ``AutoencoderKL``: the samples are latents, divided by ``vae_scale`` (default:
@@ -253,8 +274,11 @@ def generate(
     if amp == "fp32" and weights in (torch.bfloat16, torch.float16):  # half weights need autocast for fp32 inputs
         amp = "bf16" if weights == torch.bfloat16 else "fp16"
     check_guidance(model, cfg_scale)
+    if guidance_interval is not None:
+        guidance_interval = check_interval(guidance_interval)
     args = dict(cfg_scale=cfg_scale, sampler=sampler, steps=steps, seed=seed, device=device, batch_size=batch_size,
-                clip_denoised=clip_denoised, guidance_channels=guidance_channels, eta=eta, amp=amp,
+                clip_denoised=clip_denoised, guidance_channels=guidance_channels,
+                guidance_interval=guidance_interval, eta=eta, amp=amp,
                 progress=progress, vae=vae, vae_scale=vae_scale, decode_batch_size=decode_batch_size,
                 vae_tiling=vae_tiling, callback=callback)
     if here != device:  # sample a temporary copy where asked; the caller's model stays where it is
@@ -267,8 +291,8 @@ def generate(
 
 
 def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, device, batch_size,
-              clip_denoised, guidance_channels, eta, amp, progress, vae, vae_scale, decode_batch_size, vae_tiling,
-              callback):
+              clip_denoised, guidance_channels, guidance_interval, eta, amp, progress, vae, vae_scale,
+              decode_batch_size, vae_tiling, callback):
     """:func:`generate` once the model is in eval mode on ``device`` and the arguments are checked."""
     if diffusion is None:
         diffusion = create_diffusion("", learn_sigma=getattr(model, "learn_sigma", True))
@@ -284,7 +308,8 @@ def _generate(model, diffusion, labels, *, cfg_scale, sampler, steps, seed, devi
         spaced = diffusion
     num_steps = spaced.num_timesteps if sampler in ("ddpm", "ddim") else int(steps)
     shape = (model.in_channels, model.input_size, model.input_size)
-    model_fn = guided(model, cfg_scale, guidance_channels)
+    time_scale = diffusion.num_timesteps if getattr(diffusion, "is_interpolant", False) else training_steps(diffusion)
+    model_fn = guided(model, cfg_scale, guidance_channels, guidance_interval, time_scale)
 
     bar = None
     if progress:

@@ -194,11 +194,17 @@ def item_flips(seeds) -> torch.Tensor:
                         dtype=torch.bool)
 
 
-def flipped_batch(x_all: torch.Tensor, y_all: torch.Tensor, items) -> tuple[torch.Tensor, torch.Tensor]:
+def flipped_batch(x_all: torch.Tensor, y_all: torch.Tensor, items, flip=True) -> tuple[torch.Tensor, torch.Tensor]:
     """A micro-batch ``items`` (``(index, seed)`` pairs) from unflipped preloaded tensors, each image flipped as
-    the data loader would have flipped it: the same batches, without decoding the files at every step."""
+    the data loader would have flipped it: the same batches, without decoding the files at every step. ``flip``:
+    the dataset's (True, or the set of labels whose files flip)."""
     index = [i for i, _ in items]
-    x, flips = x_all[index], item_flips([s for _, s in items]).to(x_all.device)
+    x, flips = x_all[index], item_flips([s for _, s in items])
+    if flip is not True:
+        from ..data.images import flips_label
+
+        flips &= torch.tensor([flips_label(flip, int(y)) for y in y_all[index]], dtype=torch.bool)
+    flips = flips.to(x_all.device)
     return torch.where(flips[:, None, None, None], x.flip(-1), x), y_all[index]
 
 
@@ -219,7 +225,8 @@ def micro_batches(dataset, sampler: MicroBatches, sample_shape, *, preload_mode:
                                      and len(dataset) * 4 * int(np.prod(sample_shape)) < PRELOAD_MAX_BYTES)
     if use and flips_only(dataset):
         x_all, y_all = preload(unflipped(dataset), device)
-        return (flipped_batch(x_all, y_all, items) for items in sampler)
+        flip = _base(dataset).flip
+        return (flipped_batch(x_all, y_all, items, flip) for items in sampler)
     if use:
         if not is_deterministic(dataset):
             raise ConfigError("preload keeps one copy of every item, which would freeze random flips; use "
@@ -266,7 +273,11 @@ def open_training_data(cfg, out: Path, procs):
             "extraction folder; `dit-data check ROOT` checks an image folder."
         )
     mode = "L" if cfg.channels == 1 else "RGB"
-    return open_dataset(path, image_size=cfg.image_size, mode=mode, flip=cfg.flip, split=None)
+    from ..data.probe import apply_probe  # flip auto, crop object: what the folder itself says (pre-flight reports it)
+
+    dataset = open_dataset(path, image_size=cfg.image_size, mode=mode, flip=cfg.flip is not False, split=None,
+                           center_crop=cfg.crop)
+    return apply_probe(cfg, dataset, out, procs)
 
 
 def describe(dataset) -> tuple[tuple[int, int, int], int]:

@@ -46,7 +46,12 @@ class TrainConfig:
                                         "takes precedence over data_path")
     image_size: int = _f(256, "image side in pixels (latent models see image_size / 8)")
     channels: int = _f(3, "pixel-space colour channels: 3 (RGB) or 1 (grayscale); latents bring their own")
-    flip: bool = _f(True, "random horizontal flips (the paper's only augmentation); off for digits")
+    flip: bool | Literal["auto"] = _f(True, "random horizontal flips (the paper's only augmentation): true, false, or "
+                                            "auto (an image folder: only the classes a mirror test finds unchanged "
+                                            "by a mirror, dit_core.data.probe; latents: true); off for digits")
+    crop: Literal["adm", "object"] = _f("adm", "how a file becomes a square (pixel folders): adm (the centre square, as "
+                                               "DiT) or object (the square placed where the object is, "
+                                               "dit_core.data.objects)")
     class_cond: bool = _f(True, "class-conditional (classes from the dataset folders); false: unconditional")
     num_workers: int = _f(4, "DataLoader worker processes (0: load in the training process)")
     preload: Literal["auto", "true", "false"] = _f("auto", "keep the whole dataset in memory: auto (small, deterministic datasets), "
@@ -156,6 +161,10 @@ class TrainConfig:
         "ddim", "sampler for the grids (dit_core.diffusion.SAMPLERS): ddim, ddpm or dpm-solver++; with objective "
                 "flow: euler (= ddim), heun or euler-maruyama")
     sample_cfg_scale: float = _f(4.0, "classifier-free guidance scale for the grids")
+    guidance_search: bool = _f(False, "after training, choose the sampling guidance for this folder: a few scales "
+                                      "(and guidance over part of the path) scored by a judge fitted on the folder, "
+                                      "recorded in <out>/guidance.json, which dit-sample then uses "
+                                      "(dit_core.eval.guidance; class-conditional pixel folders)")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
     tensorboard: bool = _f(True, "write TensorBoard logs to <out>/tb")

@@ -151,13 +151,39 @@ def train(cfg: TrainConfig, dataset=None, overrides: Overrides | None = None) ->
     what the command line changed in the profile (:mod:`.overrides`), recorded in ``config.yaml``.
     """
     if not cfg.threads:
-        return _train(cfg, dataset, overrides)
+        return choose_guidance_after(cfg, _train(cfg, dataset, overrides), dataset)
     previous = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _train(cfg, dataset, overrides)
+        return choose_guidance_after(cfg, _train(cfg, dataset, overrides), dataset)
     finally:
         torch.set_num_threads(previous)
+
+
+def choose_guidance_after(cfg: TrainConfig, summary: dict, dataset=None) -> dict:
+    """With ``guidance_search``, once a pixel-folder run has trained to its end: its guidance chosen for its folder
+    (:mod:`dit_core.eval.guidance`, in the main process, on every core the training processes used), recorded in
+    ``<out>/guidance.json``; the summary gets ``guidance`` (scale and interval) and ``guidance_seconds``."""
+    import os
+
+    if not (cfg.guidance_search and not summary.get("interrupted") and dataset is None and cfg.latents_path is None and cfg.class_cond
+            and int(os.environ.get("RANK", "0")) == 0 and not cfg.debug):
+        return summary
+    from ..eval.guidance import choose_guidance, format_choice
+    from ..runtime import usable_cores
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, min(usable_cores(), int(summary.get("processes") or 1) * threads)))
+    try:
+        record = choose_guidance(cfg.out, device=summary.get("device") or "cpu")
+    except (FileNotFoundError, ValueError) as err:
+        print(f"guidance search skipped: {err}", flush=True)
+        return summary
+    finally:
+        torch.set_num_threads(threads)
+    print(format_choice(record) + f"\n  ({record['seconds']:.0f} s; kept in {Path(cfg.out) / 'guidance.json'}, "
+          "which dit-sample uses)", flush=True)
+    return {**summary, "guidance": record["chosen"], "guidance_seconds": record["seconds"]}
 
 
 def start(cfg: TrainConfig):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,7 +60,9 @@ class DatasetFacts:
     ``sample_shape``: ``(C, H, W)`` of the model's input (pixels, or latents of side image_size / 8);
     ``is_latent``: whether those are VAE latents. For an image folder, two optional facts from a look at a
     few files' headers (:meth:`of` reads them): ``grey_share``, the share of greyscale files, and
-    ``median_side``, the median short side of the files in pixels (None: not known).
+    ``median_side``, the median short side of the files in pixels (None: not known). ``folder``: what the
+    folder's probe found (:class:`dit_core.data.probe.FolderProbe` as a dict, with ``flip``, the flips the dataset
+    uses), when the run probed it (``flip: auto``, ``crop: object``).
     """
 
     num_images: int
@@ -69,6 +71,7 @@ class DatasetFacts:
     is_latent: bool = False
     grey_share: float | None = None
     median_side: int | None = None
+    folder: dict | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, dataset, num_classes: int | None = None, probe: int = 64) -> "DatasetFacts":
@@ -79,8 +82,13 @@ class DatasetFacts:
         shape = getattr(base, "sample_shape", None) or tuple(dataset[0][0].shape)
         classes = getattr(base, "num_classes", 0) if num_classes is None else num_classes
         grey, side = _probe(getattr(base, "samples", None), probe)
+        found = getattr(base, "probe", None)
+        folder = None
+        if found is not None:
+            flip = getattr(base, "flip", None)
+            folder = {**found.to_dict(), "flip": sorted(flip) if isinstance(flip, frozenset) else flip}
         return cls(len(dataset), int(classes), tuple(int(s) for s in shape), hasattr(base, "latent_shape"),
-                   grey, side)
+                   grey, side, folder)
 
 
 def _probe(samples, count: int) -> tuple[float | None, int | None]:
@@ -132,7 +140,7 @@ def preflight(cfg: TrainConfig, facts: DatasetFacts, *, budgeted: bool = False) 
     ``cfg.max_steps`` is the length a time budget decided (:func:`dit_core.train.loop.recheck_for_length`),
     not the configured cap."""
     return [*_ema(cfg), *_data(cfg, facts), *_reference(cfg, budgeted), *_learning_rate(cfg), *_guidance(cfg, facts),
-            *_shapes(cfg, facts), *_images(cfg, facts), *_grids(cfg, facts)]
+            *_shapes(cfg, facts), *_images(cfg, facts), *_folder(cfg, facts), *_grids(cfg, facts)]
 
 
 def _warn(key: str, message: str, fix: str, level: str = "warning") -> Finding:
@@ -304,6 +312,89 @@ def _images(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
     return found
 
 
+#: A centre crop that cuts the object of more than this share of the files is flagged (with ``crop: adm``).
+CUT_WARNING = 0.1
+
+
+def _folder(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
+    """What the folder's probe found against settings chosen by hand: flips on classes a mirror changes, a centre
+    crop that cuts many objects."""
+    from ..data.probe import MIRROR_THRESHOLD
+
+    probe, found = facts.folder, []
+    if not probe:
+        return found
+    changed = {c: a for c, a in probe.get("mirror", {}).items() if a >= MIRROR_THRESHOLD}
+    if cfg.flip is True and changed:
+        found.append(_warn(
+            "flip", f"flip true mirrors every class, but a classifier tells files of {_names(changed)} from their "
+                    f"mirror images ({_shares(changed)} of held-out files): the model learns their mirror images as "
+                    f"the class and draws them mirrored about half the time.",
+            "--flip auto (flips only for the classes a mirror leaves unchanged), or --flip false."))
+    cut = probe.get("centre_cut", 0.0)
+    if cfg.crop == "adm" and cut > CUT_WARNING and probe.get("located"):
+        found.append(_warn(
+            "crop", f"the centre crop cuts the object of {_pct(cut)} of the files (of {probe['located']:,} looked at: "
+                    f"files wider or taller than square with the object to one side); the model learns cut objects "
+                    f"as part of the data.",
+            "--crop object (the square placed where the object is)."))
+    return found
+
+
+def _names(shares: dict) -> str:
+    names = list(shares)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f} %"
+
+
+def _shares(shares: dict) -> str:
+    lo, hi = min(shares.values()), max(shares.values())
+    return _pct(lo) if round(lo, 2) == round(hi, 2) else f"{100 * lo:.0f}-{_pct(hi)}"
+
+
+def decisions(cfg: TrainConfig, facts: DatasetFacts) -> list[str]:
+    """What the folder's probe decided for this run and why, one line per setting (empty without a probe):
+    the flips of ``flip: auto``, per class where classes differ; the crop and the share of files whose object the
+    centre crop would cut; the objects' size at the training size."""
+    from ..data.probe import MIRROR_THRESHOLD
+
+    probe = facts.folder
+    if not probe:
+        return []
+    lines = []
+    mirror = probe.get("mirror") or {}
+    if cfg.flip == "auto" and mirror:
+        kept = {c: a for c, a in mirror.items() if a < MIRROR_THRESHOLD}
+        changed = {c: a for c, a in mirror.items() if a >= MIRROR_THRESHOLD}
+        how = (f"a classifier fitted in {probe.get('seconds', 0):.0f} s told held-out files from their mirror images "
+               f"(chance: 50 %; {_pct(MIRROR_THRESHOLD)} or more: a mirror changes the class)")
+        if not changed:
+            lines.append(f"flip: on for every class ({_shares(kept)} told apart: {how}).")
+        elif not kept:
+            lines.append(f"flip: off for every class ({_shares(changed)} told apart: {how}).")
+        else:
+            lines.append(f"flip: on for {_names(kept)} ({_shares(kept)} told apart), off for {_names(changed)} "
+                         f"({_shares(changed)}): {how}.")
+    if probe.get("located"):
+        cut = probe.get("centre_cut", 0.0)
+        crop = ("a square of the short side placed where the object is (crop: object)" if cfg.crop == "object"
+                else "the centre square (crop: adm)")
+        lines.append(f"crop: {crop}; the centre crop would cut the object of {_pct(cut)} of the "
+                     f"{probe['located']:,} files looked at; no object stands out in {_pct(probe.get('no_object', 0))}.")
+        if probe.get("object_size") and probe.get("image_size"):
+            px = probe["object_size"] * probe["image_size"]
+            lines.append(f"objects: a median {_pct(probe['object_size'])} of the square's side, {px:.1f} px at the "
+                         f"training size of {probe['image_size']} px.")
+    return lines
+
+
+def format_decisions(lines: list[str]) -> str:
+    return "\n".join(f"pre-flight decided {line}" for line in lines)
+
+
 def _grids(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
     """Sample grids: one before the end, and only of classes the data has."""
     found, steps = [], cfg.max_steps
@@ -342,16 +433,20 @@ def errors(findings: list[Finding]) -> list[Finding]:
 
 
 def check_before_training(cfg: TrainConfig, dataset, num_classes: int, show: bool = True) -> list:
-    """Pre-flight : print what cannot work in this run, with the key and the
-    fix, before the first step; raise a :class:`ConfigError` for the findings that are certain to fail. Every
+    """Pre-flight : print what the folder's probe decided (:func:`decisions`) and what cannot work in this run,
+    with the key and the fix, before the first step; raise a :class:`ConfigError` for the findings that are certain to fail. Every
     process checks (the check is pure and reads a few file headers), so all of them stop together; only the
     main process prints. Returns the findings."""
     if cfg.debug:  # the facts of the whole dataset, not of --debug's subset
         dataset = dataset.dataset if isinstance(dataset, torch.utils.data.Subset) else dataset
-    findings = preflight(cfg, DatasetFacts.of(dataset, num_classes))
+    facts = DatasetFacts.of(dataset, num_classes)
+    findings = preflight(cfg, facts)
     fatal = errors(findings)
     if fatal:
         raise ConfigError("pre-flight: this run cannot work:\n" + format_findings(fatal))
+    decided = decisions(cfg, facts)
+    if decided and show:
+        print(format_decisions(decided), flush=True)
     if findings and show:
         print(format_findings(findings), flush=True)
     return findings
