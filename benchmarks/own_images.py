@@ -1,0 +1,271 @@
+"""The own-images study: does the `small-images` profile learn folders it was not tuned on?
+
+Record: ``benchmarks/results/own-images.md`` (with ``own-images.json``). The bench is :mod:`dit_core.data.bench`
+(glyphs, shapes, textures; any seed); each folder's judge is :mod:`dit_core.eval.bench` (fitted on another seed's
+files, prepared as the run prepares them). A run trains a profile at its defaults for a fixed number of steps (no
+time budget, so a loaded machine trains the same run), keeps its checkpoints at :data:`KEEP` steps, and scores each
+with the run's own sampling settings: the guidance the run chose (``guidance.json``) or the profile's constant
+scale. Runs and scores are resumable: a killed command continues where it stopped.
+
+The held-out folders (:data:`HELD_OUT`) were fixed, with this script, before any setting was tuned; tuning used
+other seeds (:data:`TUNE_SEEDS`). They are scored once, at the end, for both profiles:
+
+- ``old``: the profile as it was before the folder decided flips, crop and guidance
+  (``benchmarks/own_images_old_profile.yaml``, a copy of ``dit_core/configs/small-images.yaml`` at 541b631);
+- ``new``: ``dit_core/configs/small-images.yaml``.
+
+Commands (one thread per run; run two side by side on two cores)::
+
+    python benchmarks/own_images.py run --profile new --kind glyphs --folder-seed 0 --seed 0 [--set key=value ...]
+    python benchmarks/own_images.py heldout --profile old --seeds 0,1,2 [--train-only]
+    python benchmarks/own_images.py score --profile old --kind glyphs --folder-seed 101 --seed 0
+    python benchmarks/own_images.py table [--name new] [--folders heldout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+#: The held-out folders: one per kind, scored once at the end. Never tune on these seeds.
+HELD_OUT = {"glyphs": 101, "shapes": 102, "textures": 103}
+#: Folder seeds that tuning may use.
+TUNE_SEEDS = (0, 1, 2)
+#: Training seeds of the held-out runs.
+SEEDS = (0, 1, 2)
+#: Steps at which checkpoints are kept and scored (the last one is the run's length).
+KEEP = (600, 1200, 2450, 5000)
+PROFILES = {"old": str(REPO / "benchmarks" / "own_images_old_profile.yaml"), "new": "small-images"}
+#: Samples a class for each score (the same noise for every checkpoint and profile).
+PER_CLASS = 50
+SAMPLE_SEED = 0
+WORK = os.environ.get("OWN_IMAGES_WORK", "/tmp/own-images")
+
+
+def folder(kind: str, seed: int, work: Path) -> Path:
+    from dit_core.data.bench import generate_bench
+
+    return generate_bench(work / "data" / f"{kind}-s{seed}", kind, seed=seed)
+
+
+def run_dir(name: str, kind: str, folder_seed: int, seed: int, work: Path) -> Path:
+    return work / "runs" / name / f"{kind}-s{folder_seed}" / f"seed{seed}"
+
+
+def result_path(name: str, kind: str, folder_seed: int, seed: int, work: Path) -> Path:
+    return work / "results" / name / f"{kind}-s{folder_seed}-seed{seed}.json"
+
+
+def parse_sets(items) -> dict:
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        if not _:
+            raise SystemExit(f"--set takes key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _prune(ckpts: Path, keep: set, stop: threading.Event) -> None:
+    """Delete the kept checkpoints the study does not score, while the run writes them (each is written whole
+    and renamed into place, so a finished file is safe to delete)."""
+    while not stop.wait(5.0):
+        for path in ckpts.glob("step_*.pt"):
+            if int(path.stem.split("_")[1]) not in keep:
+                path.unlink(missing_ok=True)
+
+
+def train_run(profile: str, kind: str, folder_seed: int, seed: int, work: Path, name: str, steps: int,
+              sets: dict) -> Path:
+    """Train one run (resumed when its folder holds one); returns its folder."""
+    from dit_core.train import make_config, train
+
+    out = run_dir(name, kind, folder_seed, seed, work)
+    keep = {s for s in KEEP if s <= steps} | {steps}
+    summary_file = out / "summary.json"
+    if summary_file.is_file() and json.loads(summary_file.read_text()).get("steps") == steps and \
+            all((out / "checkpoints" / f"step_{s:07d}.pt").is_file() for s in keep):
+        return out
+    data = folder(kind, folder_seed, work)
+    cfg = make_config(PROFILES.get(profile, profile), {
+        "data_path": str(data), "out": str(out), "seed": seed, "max_steps": steps, "max_minutes": 0,
+        "ckpt_every": 50, "keep_every": 50, "log_every": 50, "sample_every": 0, "sample_at_end": True,
+        "sample_per_class": 8, "tensorboard": False, "progress": False, "resume": "auto", "cpu_processes": 1,
+        **sets})
+    out.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    pruner = threading.Thread(target=_prune, args=(out / "checkpoints", keep, stop), daemon=True)
+    pruner.start()
+    try:
+        summary = train(cfg)
+    finally:
+        stop.set()
+        pruner.join()
+        _prune_now(out / "checkpoints", keep)
+    if summary.get("interrupted"):
+        raise KeyboardInterrupt(f"{out}: interrupted at step {summary.get('steps')}; run again to resume")
+    return out
+
+
+def _prune_now(ckpts: Path, keep: set) -> None:
+    for path in ckpts.glob("step_*.pt"):
+        if int(path.stem.split("_")[1]) not in keep:
+            path.unlink(missing_ok=True)
+
+
+def score_run(out: Path, kind: str, result: Path, also_constant: float | None = 2.0) -> dict:
+    """Score every kept checkpoint of the run in ``out`` with its bench judge; written to ``result`` as it goes."""
+    import torch
+
+    from dit_core.diffusion import process_of
+    from dit_core.eval import bench
+    from dit_core.eval.classwise import sample_and_score
+    from dit_core.sample import load_model
+
+    record = json.loads(result.read_text()) if result.is_file() else {}
+    config = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=True, mmap=True)["config"]
+    size, crop = config["sample_shape"][-1], config.get("crop", "adm")
+    judge = bench.judge(kind, size, crop)
+    record.update(kind=kind, run=str(out), image_size=size, crop=crop, flip=config.get("flip"),
+                  precision=config.get("precision"), ceiling=judge.val_accuracy,
+                  judge_mirror_accuracy=judge.mirror_accuracy, real_mirrored_rate=judge.real_mirrored_rate,
+                  real_frame_rate=judge.real_frame_rate, judge_seconds=judge.seconds)
+    for extra in ("probe.json", "guidance.json", "summary.json"):
+        if (out / extra).is_file():
+            record[extra.split(".")[0]] = json.loads((out / extra).read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    record["steps_per_s"] = [[m["step"], m.get("steps_per_s")] for m in metrics if m.get("steps_per_s")]
+    scores = record.setdefault("scores", {})
+    settings = []
+    for path in sorted((out / "checkpoints").glob("step_*.pt")):
+        settings.append((path, None))
+        if also_constant is not None and (out / "guidance.json").is_file() and path == max(
+                (out / "checkpoints").glob("step_*.pt")):
+            settings.append((path, also_constant))
+    for path, constant in settings:
+        key = path.stem.split("_")[1].lstrip("0") + ("" if constant is None else f"@cfg{constant:g}")
+        if key in scores:
+            continue
+        model, info = load_model(path)
+        scale = info.get("cfg_scale") if constant is None else constant
+        interval = info.get("guidance_interval") if constant is None else None
+        started = time.perf_counter()
+        with torch.random.fork_rng(devices=[]):
+            out_ = sample_and_score(model, process_of(info, model.learn_sigma), judge, class_names=info["label_names"],
+                                    per_class=PER_CLASS, cfg_scale=scale, sampler=info["sampler"],
+                                    steps=info["steps"], seed=SAMPLE_SEED, amp="auto", guidance_interval=interval)
+        extra = bench.score(out_["images"], out_["judge_labels"], judge)
+        scores[key] = {"step": int(path.stem.split("_")[1]), "cfg_scale": scale, "interval": interval,
+                       "class_accuracy": extra["class_accuracy"], "per_class": extra["per_class_accuracy"],
+                       "mirrored_rate": extra["mirrored_rate"], "mirrored_per_class": extra["mirrored_rate_per_class"],
+                       "frame_rate": extra["frame_rate"], "frechet_distance": extra["frechet_distance"],
+                       "real_floor": extra["real_floor"], "samples": len(out_["images"]),
+                       "seconds": round(time.perf_counter() - started, 1)}
+        result.parent.mkdir(parents=True, exist_ok=True)
+        from dit_core.atomic import atomic_write_text
+
+        atomic_write_text(result, json.dumps(record, indent=1) + "\n")
+        print(f"{result.name} {key}: {scores[key]['class_accuracy']:.1%} right, mirrored "
+              f"{scores[key]['mirrored_rate']:.1%}, frame {scores[key]['frame_rate']:.1%}", flush=True)
+    from dit_core.atomic import atomic_write_text
+
+    atomic_write_text(result, json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def one(args, kind, folder_seed, seed) -> None:
+    work = Path(args.work)
+    name = args.name or args.profile
+    out = train_run(args.profile, kind, folder_seed, seed, work, name, args.steps, parse_sets(args.set))
+    if not args.train_only:
+        score_run(out, kind, result_path(name, kind, folder_seed, seed, work))
+
+
+def table(work: Path, names, folders: str) -> str:
+    """The markdown table of the scored runs: per folder and profile, accuracy at each kept step (mean and range
+    over the training seeds), mirrored and frame rates at the last step beside the data's own."""
+    rows = ["| folder | profile | judge's ceiling | " + " | ".join(f"{s:,} steps" for s in KEEP)
+            + " | mirrored (data) | touching the frame (data) |", "|---" * (5 + len(KEEP)) + "|"]
+    for name in names:
+        results = sorted((work / "results" / name).glob("*.json"))
+        by_folder: dict[str, list] = {}
+        for path in results:
+            r = json.loads(path.read_text())
+            f = path.stem.rsplit("-seed", 1)[0]
+            kind, fseed = f.rsplit("-s", 1)
+            held = HELD_OUT.get(kind) == int(fseed)
+            if (folders == "heldout") != held and folders != "all":
+                continue
+            by_folder.setdefault(f, []).append(r)
+        for f, rs in sorted(by_folder.items()):
+            def cell(step):
+                v = [r["scores"][str(step)]["class_accuracy"] for r in rs if str(step) in r.get("scores", {})]
+                if not v:
+                    return "-"
+                return f"{100 * sum(v) / len(v):.1f} % ({100 * min(v):.0f}-{100 * max(v):.0f})" if len(v) > 1 \
+                    else f"{100 * v[0]:.1f} %"
+            last = str(KEEP[-1])
+            mir = [r["scores"][last]["mirrored_rate"] for r in rs if last in r.get("scores", {})]
+            fra = [r["scores"][last]["frame_rate"] for r in rs if last in r.get("scores", {})]
+            ceil = sum(r["ceiling"] for r in rs) / len(rs)
+            rows.append(f"| {f} | {name} ({len(rs)} seeds) | {100 * ceil:.1f} % | "
+                        + " | ".join(cell(s) for s in KEEP)
+                        + (f" | {100 * sum(mir) / len(mir):.1f} % ({100 * rs[0]['real_mirrored_rate']:.1f} %)" if mir
+                           else " | -")
+                        + (f" | {100 * sum(fra) / len(fra):.1f} % ({100 * rs[0]['real_frame_rate']:.1f} %) |" if fra
+                           else " | - |"))
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for cmd in ("run", "score", "heldout"):
+        c = sub.add_parser(cmd)
+        c.add_argument("--profile", default="new", help="old, new, or a profile name or YAML file")
+        c.add_argument("--name", default=None, help="the runs' name in the work folder (default: the profile)")
+        c.add_argument("--steps", type=int, default=KEEP[-1])
+        c.add_argument("--set", action="append", help="a setting changed for a tuning run, key=value")
+        c.add_argument("--train-only", action="store_true", help="train (or resume), score later")
+        c.add_argument("--work", default=WORK)
+        if cmd == "heldout":
+            c.add_argument("--seeds", default=",".join(str(s) for s in SEEDS))
+            c.add_argument("--kinds", default=",".join(HELD_OUT))
+        else:
+            c.add_argument("--kind", required=True)
+            c.add_argument("--folder-seed", type=int, required=True)
+            c.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("table")
+    t.add_argument("--name", action="append", default=None)
+    t.add_argument("--folders", choices=("heldout", "tune", "all"), default="heldout")
+    t.add_argument("--work", default=WORK)
+    args = p.parse_args(argv)
+    if args.command == "table":
+        print(table(Path(args.work), args.name or ["old", "new"], args.folders))
+        return 0
+    if args.command == "heldout":
+        for kind in args.kinds.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                one(args, kind, HELD_OUT[kind], seed)
+        return 0
+    if args.folder_seed in HELD_OUT.values() and args.command == "run" and args.name not in (None, "old", "new"):
+        print(f"folder seed {args.folder_seed} is held out: tune on {TUNE_SEEDS}", file=sys.stderr)
+        return 2
+    if args.command == "score":
+        name = args.name or args.profile
+        work = Path(args.work)
+        score_run(run_dir(name, args.kind, args.folder_seed, args.seed, work), args.kind,
+                  result_path(name, args.kind, args.folder_seed, args.seed, work))
+        return 0
+    one(args, args.kind, args.folder_seed, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
