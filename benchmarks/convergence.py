@@ -31,8 +31,6 @@ import argparse
 import json
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -42,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from dit_core.atomic import atomic_write_text  # noqa: E402
 from dit_book import convergence as conv  # noqa: E402
+from dit_book import study  # noqa: E402
 
 SINGLES = list(conv.METHODS)
 QUICK = {  # tiny budgets: every code path of the full run, in minutes
@@ -50,46 +49,10 @@ QUICK = {  # tiny budgets: every code path of the full run, in minutes
 }
 
 
-def _run(job: dict) -> dict:
-    """One (dataset, method, seed) run in a worker process, on one thread."""
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        return conv.run_one(job["dataset"], job["method"], job["seed"], job["work"], **job["kw"])
-    except KeyboardInterrupt:  # stopped by a signal: the run saved its checkpoint; take no other run
-        if job.get("worker"):
-            os._exit(143)
-        raise
-
-
-def _pass_on_stop(signum, frame):
-    """SIGTERM (``kill PID``) reaches this process only, and the pool's workers would train on without it (they
-    did): pass it on to the runs in progress, which save a checkpoint and stop, and stop too. The same command
-    started again continues every run where it stopped."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        child.terminate()
-    raise SystemExit(f"convergence: stopped by signal {signum}; the runs in progress saved their checkpoints "
-                     "(start the same command again to continue them)")
-
-
-def environment() -> dict:
-    import platform
-
-    import torch
-
-    from dit_core.measure.env import cpu_info
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_info(),
-            "machine": platform.machine(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
-
-
 def write_results(path: Path, dataset: str, records: list[dict], settings: dict) -> str:
     rows = conv.summarize(records)
     table = conv.format_table(rows)
-    data = {"dataset": dataset, "settings": settings, "environment": environment(), "runs": records,
+    data = {"dataset": dataset, "settings": settings, "environment": study.environment(), "runs": records,
             "summary": rows, "table": table}
     atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
     return table
@@ -135,15 +98,8 @@ def _execute(jobs: list[dict], n: int, path: Path, dataset: str, settings: dict,
               f"{record['evals'][-1]['class_accuracy']:.1%}, FD {record['evals'][-1]['frechet_distance']:.2f}, "
               f"{record['train_seconds']:.0f} s training", flush=True)
 
-    if n <= 1:
-        for job in jobs:
-            done(_run(job))
-        return records
-    import multiprocessing
-
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in as_completed([pool.submit(_run, {**job, "worker": True}) for job in jobs]):
-            done(future.result())
+    study.run_jobs([{"fn": conv.run_one, "args": (j["dataset"], j["method"], j["seed"], j["work"]), "kw": j["kw"]}
+                    for j in jobs], n, done)
     return records
 
 
@@ -212,7 +168,7 @@ def main(argv=None) -> int:
         p.error("the baseline 'dit' is part of every comparison: add it to --methods")
     import signal
 
-    signal.signal(signal.SIGTERM, _pass_on_stop)
+    signal.signal(signal.SIGTERM, study.pass_on_stop)  # kill PID: the runs in progress save and stop
     return estimate(args) if args.estimate else run_grid(args)
 
 

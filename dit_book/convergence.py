@@ -24,12 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import statistics
-import time
 from pathlib import Path
 
-from dit_core.atomic import atomic_write_text
+from .study import judge_scorer, load_records, plot_curves as _plot_curves, study_config, train_and_score  # noqa: F401
+from .study import training_seconds  # noqa: F401 (part of this module's interface)
 
 #: Every option of dit_core.train.objectives at its value in DiT's recipe: the baseline sets them explicitly,
 #: so that it stays DiT's recipe whatever a profile turns on.
@@ -115,87 +114,20 @@ def judge_for(dataset: str, class_names, image_size: int, channels: int):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def training_seconds(metrics_path: Path) -> dict[int, float]:
-    """Cumulative training seconds at every logged step, from the trainer's own step rates (``steps_per_s``
-    over each logging window: pauses for checkpoints and grids excluded; a resumed run's windows add up)."""
-    seconds, total, previous = {}, 0.0, 0
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("steps_per_s"):
-            total += (record["step"] - previous) / record["steps_per_s"]
-            previous = record["step"]
-            seconds[record["step"]] = total
-    return seconds
-
-
-def study_config(profile: str, settings: dict, *, data_path, out, seed: int, max_steps: int, eval_every: int,
-                 progress: bool = False):
-    """The trainer's config for one run of a study: ``max_steps`` and no time budget (equal steps for every
-    variant, not equal minutes), a checkpoint every ``eval_every`` steps for :func:`score_checkpoints`, no sample
-    grids, resumed when its folder holds a checkpoint; ``settings`` last, so a variant's keys win."""
-    from dit_core.train import make_config
-
-    return make_config(profile, {
-        "data_path": data_path, "out": str(out), "seed": seed, "max_steps": max_steps, "ckpt_every": eval_every,
-        "keep_every": eval_every, "log_every": eval_every, "sample_every": 0, "sample_at_end": False,
-        "tensorboard": False, "progress": progress, "resume": "auto", "num_workers": 0, "max_minutes": 0,
-        **settings})
-
-
-def score_checkpoints(out: Path, cfg, dataset: str, *, per_class: int, eval_steps: int, cfg_scale: float,
-                      seconds: dict, keep_checkpoints: bool = False) -> tuple[list[dict], object]:
-    """Score every kept checkpoint of the run in ``out``, oldest first (DDIM with ``eval_steps``, ``per_class``
-    samples a class, seed 0): ``(evals, judge)``. Each score is written to ``evals.json`` as it comes, so a killed
-    evaluation continues; a scored checkpoint is deleted unless ``keep_checkpoints``. ``seconds``: training
-    seconds by step (:func:`training_seconds`)."""
-    import torch
-
-    from dit_core.checkpoint import load_dit
-    from dit_core.diffusion import create_process
-    from dit_core.eval.classwise import sample_and_score
-
-    evals_path = out / "evals.json"
-    evals = json.loads(evals_path.read_text()) if evals_path.is_file() else []
-    done = {e["step"] for e in evals}
-    config = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=True, mmap=True)["config"]
-    classes = [str(c) for c in config["classes"]]
-    channels, size = config["sample_shape"][0], config["sample_shape"][-1]
-    judge = judge_for(dataset, classes, size, channels)
-    process = create_process(cfg.objective, noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma,
-                             diffusion_steps=cfg.diffusion_steps)
-    for path in sorted((out / "checkpoints").glob("step_*.pt")):
-        step = int(path.stem.split("_")[1])
-        if step not in done:
-            model = load_dit(path)
-            with torch.random.fork_rng(devices=[]):
-                result = sample_and_score(model, process, judge, class_names=classes, per_class=per_class,
-                                          cfg_scale=cfg_scale, sampler="ddim", steps=eval_steps, seed=0)
-            evals.append({"step": step, "seconds": seconds.get(step), "class_accuracy": result["class_accuracy"],
-                          "frechet_distance": result["frechet_distance"], "real_floor": result["real_floor"]})
-            evals.sort(key=lambda e: e["step"])
-            atomic_write_text(evals_path, json.dumps(evals, indent=1) + "\n")
-        if not keep_checkpoints:
-            path.unlink(missing_ok=True)
-    return evals, judge
-
-
 def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
             eval_every: int | None = None, per_class: int | None = None, eval_steps: int | None = None,
             overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False) -> dict:
     """Train ``method`` on ``dataset`` with ``seed`` for ``max_steps`` (default: the profile's) in
-    ``work/<dataset>/<method>/seed<seed>``, score every ``eval_every`` steps, and return the run's record.
+    ``work/<dataset>/<method>/seed<seed>``, score every ``eval_every`` steps, and return the run's record
+    (:func:`dit_book.study.train_and_score`).
 
     Resumes a killed run. ``overrides``: further config keys (e.g. a smaller model for a smoke run). Scored
     checkpoints are deleted unless ``keep_checkpoints``; the record is also written to ``record.json``.
     """
-    import torch
-
-    from dit_core.train import train
     from dit_core.train.config import read_profile
 
     spec = DATASETS[dataset]
-    work = Path(work)
-    out = work / dataset / method / f"seed{seed}"
+    out = Path(work) / dataset / method / f"seed{seed}"
     if (out / "record.json").is_file():
         return json.loads((out / "record.json").read_text())
     profile = read_profile(spec["profile"])
@@ -203,36 +135,32 @@ def run_one(dataset: str, method: str, seed: int, work: str | os.PathLike, *, ma
     eval_every = int(eval_every or spec["eval_every"])
     per_class, eval_steps = int(per_class or spec["per_class"]), int(eval_steps or spec["eval_steps"])
     settings = {**config_overrides(method, max_steps), **(overrides or {})}
-    data_path = settings.pop("data_path", None) or prepare_data(dataset, work)
-    cfg = study_config(spec["profile"], settings, data_path=data_path, out=out, seed=seed, max_steps=max_steps,
-                       eval_every=eval_every, progress=progress)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    fresh = not (out / "checkpoints" / "last.pt").exists()
-    summary = train(cfg)
-    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record now would be partial
-        raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
-                                f"{summary.get('steps')}; run the benchmark again to resume this run")
-    # building the model and the data, and with REPA on pixels fitting the teacher: once per run
-    setup = summary["wall_seconds"] - summary["train_seconds"] if fresh else None
-    seconds = training_seconds(out / "metrics.jsonl")
+    data_path = settings.pop("data_path", None) or prepare_data(dataset, Path(work))
+    cfg = study_config(spec["profile"], settings, data={"data_path": data_path}, out=out, seed=seed,
+                       max_steps=max_steps, eval_every=eval_every, progress=progress)
 
-    evals, judge = score_checkpoints(out, cfg, dataset, per_class=per_class, eval_steps=eval_steps,
-                                     cfg_scale=cfg.sample_cfg_scale, seconds=seconds,
-                                     keep_checkpoints=keep_checkpoints)
-    record = {
-        "dataset": dataset, "method": method, "seed": seed, "settings": settings, "max_steps": max_steps,
-        "batch_size": cfg.batch_size, "eval_every": eval_every, "per_class": per_class, "eval_steps": eval_steps,
-        "cfg_scale": cfg.sample_cfg_scale, "sampler": "ddim" if cfg.objective == "ddpm" else "euler (= ddim)",
-        "classifier_val_accuracy": float(judge.val_accuracy), "evals": evals,
-        "train_seconds": max(seconds.values()) if seconds else None, "setup_seconds": setup,
-        "threads": torch.get_num_threads(), "wall_seconds_this_call": time.perf_counter() - t0,
-        "final_loss": summary.get("final_loss"),
-    }
-    atomic_write_text(out / "record.json", json.dumps(record, indent=1) + "\n")
-    if not keep_checkpoints:
-        shutil.rmtree(out / "data", ignore_errors=True)
-    return record
+    def scorer(cfg, seconds):
+        judge, classes = judge_of_run(out, dataset)
+        score = judge_scorer(cfg, judge, classes, per_class=per_class, eval_steps=eval_steps,
+                             cfg_scale=cfg.sample_cfg_scale, seconds=seconds)
+        return score, {"classifier_val_accuracy": float(judge.val_accuracy)}
+
+    sampler = "ddim" if cfg.objective == "ddpm" else "euler (= ddim)"
+    return train_and_score(out, cfg, scorer, {
+        "dataset": dataset, "method": method, "seed": seed, "settings": settings, "per_class": per_class,
+        "eval_steps": eval_steps, "cfg_scale": cfg.sample_cfg_scale, "sampler": sampler},
+        keep_checkpoints=keep_checkpoints, remove=("data",))
+
+
+def judge_of_run(out: Path, dataset: str):
+    """``(judge, class names)`` of a run in ``out``: the dataset's judge (:func:`judge_for`) for the classes and
+    sample shape its checkpoint records."""
+    import torch
+
+    config = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=True, mmap=True)["config"]
+    classes = [str(c) for c in config["classes"]]
+    channels, size = config["sample_shape"][0], config["sample_shape"][-1]
+    return judge_for(dataset, classes, size, channels), classes
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -250,7 +178,7 @@ def first_reaching(evals: list[dict], key: str, target: float, lower_is_better: 
     return None
 
 
-def _spread(values: list[float | None], budget: float | None) -> dict:
+def _reach(values: list[float | None], budget: float | None) -> dict:
     """Median and range of per-seed values; None (never reached) counts as above the budget."""
     reached = [v for v in values if v is not None]
     ranked = sorted(v if v is not None else math.inf for v in values)
@@ -281,8 +209,8 @@ def summarize(records: list[dict], accuracy_target: float = ACCURACY_TARGET, fd_
         for name, key, target, lower in (("accuracy", "class_accuracy", accuracy_target, False),
                                          ("fd", "frechet_distance", fd_target, True)):
             hits = [first_reaching(r["evals"], key, target, lower) if target is not None else None for r in runs]
-            row[f"steps_to_{name}"] = _spread([h["step"] if h else None for h in hits], budget)
-            row[f"seconds_to_{name}"] = _spread([h["seconds"] if h else None for h in hits], None)
+            row[f"steps_to_{name}"] = _reach([h["step"] if h else None for h in hits], budget)
+            row[f"seconds_to_{name}"] = _reach([h["seconds"] if h else None for h in hits], None)
         finals = sorted(r["evals"][-1]["class_accuracy"] for r in runs if r["evals"])
         row["final_accuracy"] = statistics.median(finals)
         row["final_accuracy_range"] = (finals[0], finals[-1])  # over seeds: the verdict when no run hits 95 %
@@ -319,7 +247,7 @@ def best_combination(records: list[dict], accuracy_target: float = ACCURACY_TARG
     return better[0] if better else min((r for r in rows if r["method"] != "dit"), key=key)["method"]
 
 
-def _cell(spread: dict, unit: str = "") -> str:
+def _reach_cell(spread: dict, unit: str = "") -> str:
     def fmt(v):
         return f">{spread['budget']}" if not math.isfinite(v) and spread.get("budget") else \
             ("never" if not math.isfinite(v) else f"{v:.0f}{unit}")
@@ -362,48 +290,17 @@ def format_table(rows: list[dict]) -> str:
              "s/step | final acc. | final FD |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = [f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("steps_speedup_accuracy", "steps_speedup_fd")]
-        lines.append(f"| {r['method']} | {r['seeds']} | {_cell(r['steps_to_accuracy'])} | {speed[0]} | "
-                     f"{_cell(r['steps_to_fd'])} | {speed[1]} | {r['seconds_per_step']:.3f} | "
+        lines.append(f"| {r['method']} | {r['seeds']} | {_reach_cell(r['steps_to_accuracy'])} | {speed[0]} | "
+                     f"{_reach_cell(r['steps_to_fd'])} | {speed[1]} | {r['seconds_per_step']:.3f} | "
                      f"{_final_cell(r)} | {r['final_fd']:.2f} |")
     return "\n".join(lines)
 
 
-def load_records(path: str | os.PathLike) -> dict:
-    """A results file of ``benchmarks/convergence.py`` (``runs``, ``settings``, ``environment``)."""
-    return json.loads(Path(path).read_text())
-
-
 def plot_curves(records: list[dict], x: str = "step", ax=None, accuracy_target: float = ACCURACY_TARGET):
-    """Class accuracy and Fréchet distance against ``x`` ("step" or "seconds") per method: the median over
-    seeds, the range shaded. Returns the figure."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if ax is None:
-        fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
-    fig = ax[0].figure
-    methods = list(dict.fromkeys(r["method"] for r in records))
-    for i, method in enumerate(methods):
-        runs = [r for r in records if r["method"] == method and r["evals"]]
-        steps = sorted({e["step"] for r in runs for e in r["evals"]})
-        for a, key in zip(ax, ("class_accuracy", "frechet_distance")):
-            table = np.array([[next((e[key] for e in r["evals"] if e["step"] == s), np.nan) for s in steps]
-                              for r in runs])
-            xs = np.array(steps, dtype=float)
-            if x == "seconds":
-                xs = np.nanmedian([[next((e["seconds"] or np.nan for e in r["evals"] if e["step"] == s), np.nan)
-                                    for s in steps] for r in runs], axis=0)
-            style = dict(color=f"C{i}", lw=2.2 if method == "dit" else 1.4, ls="-" if "+" not in method else "--")
-            a.plot(xs, np.nanmedian(table, axis=0), label=method, **style)
-            if len(runs) > 1:
-                a.fill_between(xs, np.nanmin(table, axis=0), np.nanmax(table, axis=0), color=f"C{i}", alpha=0.15)
-    ax[0].axhline(accuracy_target, color="grey", lw=0.8, ls=":")
-    ax[0].set_ylabel("class accuracy")
-    ax[1].set_ylabel("Fréchet distance (judge features)")
-    ax[1].set_yscale("log")
-    for a in ax:
-        a.set_xlabel("training step" if x == "step" else "training seconds (one CPU thread)")
-        a.grid(alpha=0.3)
-    ax[0].legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    """Class accuracy and Fréchet distance against ``x`` ("step" or "seconds") per method
+    (:func:`dit_book.study.plot_curves`): the median over seeds, the range shaded; DiT's recipe drawn thicker,
+    combinations dashed, the accuracy target dotted. Returns the figure."""
+    methods = dict.fromkeys(r["method"] for r in records)
+    styles = {m: dict(lw=2.2 if m == "dit" else 1.4, ls="--" if "+" in m else "-", marker="") for m in methods}
+    return _plot_curves(records, group="method", x=x, keys=("class_accuracy", "frechet_distance"), ax=ax,
+                        styles=styles, hline={"class_accuracy": accuracy_target})

@@ -1,21 +1,23 @@
 """The paper's findings in miniature: its block-design ablation and its scaling study, rerun on the digits.
 
-Two studies, each a grid of *variants* trained by the real trainer (:func:`dit_core.train.train`) on the `digits`
-profile, three seeds each, the EMA model scored every ``eval_every`` steps with the digits' judge
+Two studies, each a grid of *variants* trained by the real trainer on the `digits` profile, three seeds each
+(:func:`dit_book.study.train_and_score`), the EMA model scored every ``eval_every`` steps with the digits' judge
 (:func:`dit_core.eval.classwise.sample_and_score`): class accuracy, and the Fréchet distance in the judge's
 feature space ("FD": the FID recipe with a network fitted to real digits instead of Inception). Samples are drawn
 **without guidance** (``cfg_scale`` 1), as the paper's ablations and scaling figures are.
 
 * ``blocks`` (the paper's Fig. 5): the four block designs of ``DiT(block=...)`` (adaLN-Zero, adaLN,
-  cross-attention, in-context) at the digits profile's size and budget.
-* ``scaling`` (the paper's Figs. 2, 6 and 8): three model sizes (:data:`SIZES`, depth and width grown together as
-  S/B/L do in the paper) by three patch sizes (4, 2, 1: 4, 16 and 64 tokens of an 8x8 digit), adaLN-Zero.
-  Quality is read against the model's forward multiply-adds per image (the paper's "Gflops") and against the
-  training compute, ``3 x Gflops x batch x steps`` (the paper's estimate: a backward pass costs two forwards).
+  cross-attention, in-context) at the digits profile's size and budget, and cross-attention reading its context
+  unnormalised (``cross-attention-raw``). Each score also measures how strongly the class reaches the model
+  (:func:`conditioning`).
+* ``scaling`` (the paper's Figs. 2, 6 and 8): three model sizes (:data:`SIZES`, named by depth and width, e.g.
+  ``d2w64``: they are not DiT's S, B and L) by three patch sizes (4, 2, 1: 4, 16 and 64 tokens of an 8x8 digit),
+  adaLN-Zero. Quality is read against the model's forward multiply-adds per image (the paper's "Gflops") and
+  against the training compute, ``3 x Gflops x batch x steps`` (the paper's estimate).
 
-A run's record (``record.json`` in its folder) is written atomically when it is complete; a killed run resumes
-from its last checkpoint, and scored checkpoints are kept in ``evals.json``. Each run also records its process
-CPU time (training and scoring), the figure the study's budget is kept in.
+The reading (:func:`summarize_curves`, :func:`ordering`, :func:`correlations`, :func:`trade_offs`,
+:func:`compute_to`, :func:`scaling_checks`) takes rows of that shape, and :mod:`dit_book.paper` puts the paper's
+Table 4 in the same shape, so :func:`beside_the_paper` reads both with the same code.
 
 ``python -m dit_book.findings`` runs the grids (``--estimate`` projects their CPU time first); chapter 7c
 (``book/07c_paper_findings.ipynb``) reads the records, ``benchmarks/results/paper-findings.md`` says what they show.
@@ -27,24 +29,28 @@ import json
 import math
 import os
 import shutil
-import statistics
 import time
 from pathlib import Path
 
 from dit_core.atomic import atomic_write_text
-from dit_core.models import BLOCKS
 
-from .convergence import prepare_data, score_checkpoints, study_config, training_seconds
+from . import study
+from .convergence import judge_of_run, prepare_data
+from .study import curve, load_records, spread  # noqa: F401 (part of this module's interface)
 
 #: The block designs, in the order of the paper's Fig. 5 legend.
 DESIGNS = ("in-context", "cross-attention", "adaln", "adaln-zero")
+#: The blocks study's variants: the four designs, and cross-attention reading its context unnormalised
+#: (``cross-attention-raw``, :class:`dit_core.designs.CrossAttentionRawBlock`).
+BLOCK_VARIANTS = DESIGNS + ("cross-attention-raw",)
 
-#: Model sizes of the scaling grid: depth and width grow together, as the paper's S, B and L do (its Table 1; S to
-#: B is 4x the multiply-adds per token, B to L 3.5x; here 3.4x and 2.4x). L is the digits profile's own size.
+#: Model sizes of the scaling grid, named by depth and width. Depth and width grow together here; in the paper
+#: (its Table 1) S to B widens only (12 blocks both), B to L deepens and widens, L to XL deepens. Per token, S to B
+#: is 4x the multiply-adds, B to L 3.5x; here 3.4x and 2.4x. ``d4w128`` is the digits profile's own size.
 SIZES = {
-    "S": dict(depth=2, hidden_size=64, num_heads=2),
-    "B": dict(depth=3, hidden_size=96, num_heads=3),
-    "L": dict(depth=4, hidden_size=128, num_heads=4),
+    "d2w64": dict(depth=2, hidden_size=64, num_heads=2),
+    "d3w96": dict(depth=3, hidden_size=96, num_heads=3),
+    "d4w128": dict(depth=4, hidden_size=128, num_heads=4),
 }
 #: Patch sizes of the scaling grid: 4, 16 and 64 tokens of an 8x8 digit (the paper: 8, 4, 2 on 32x32 latents).
 PATCHES = (4, 2, 1)
@@ -57,33 +63,80 @@ STUDIES = {
     "scaling": dict(profile="digits", max_steps=600, eval_every=100, per_class=20, eval_steps=25, cfg_scale=1.0),
 }
 SEEDS = (0, 1, 2)
+#: The digits as the trainer sees them: one channel of 8x8, ten classes.
+DIGITS_SHAPE, DIGITS_CLASSES = (1, 8, 8), 10
 
 
-def variants(study: str) -> dict[str, dict]:
+def variants(study_name: str) -> dict[str, dict]:
     """The study's variants: name -> training-config overrides."""
-    if study == "blocks":
-        return {design: {"block": design} for design in DESIGNS}
-    if study == "scaling":
+    if study_name == "blocks":
+        return {design: {"block": design} for design in BLOCK_VARIANTS}
+    if study_name == "scaling":
         return {f"{size}/{patch}": dict(SIZES[size], patch_size=patch, block="adaln-zero")
                 for size in SIZES for patch in PATCHES}
-    raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
+    raise ValueError(f"unknown study {study_name!r}; choose one of {', '.join(STUDIES)}")
 
 
-def model_cost(overrides: dict, profile: str = "digits") -> dict:
-    """Parameters and forward multiply-adds per image (the paper's "Gflops", in G) of a variant's model, counted on
-    the meta device with the model the trainer builds for the digits (1 channel, 8x8, 10 classes)."""
-    import torch
-
-    from dit_core.measure.flops import count_params, forward_macs
-    from dit_core.models import DiT
+def model_facts(overrides: dict, profile: str = "digits") -> dict:
+    """Parameters, forward multiply-adds per image (the paper's "Gflops", in G) and tokens of a variant's model:
+    the DiT the trainer builds for the digits (:func:`dit_book.study.model_facts`)."""
     from dit_core.train import make_config
-    from dit_core.train.loop import dit_arguments
 
     cfg = make_config(profile, {k: v for k, v in overrides.items() if k != "data_path"})
-    with torch.device("meta"):
-        model = DiT(**dit_arguments(cfg, (cfg.channels, cfg.image_size, cfg.image_size), 10), block=cfg.block)
-    return {"params": count_params(model), "gflops": forward_macs(model) / 1e9,
-            "tokens": model.x_embedder.num_patches + model.extra_tokens}
+    return study.model_facts(cfg, DIGITS_SHAPE, DIGITS_CLASSES)
+
+
+def conditioning(model, process, judge, n: int = 256, seed: int = 0) -> dict:
+    """How strongly the class reaches a model, measured on ``n`` real held-out digits noised at random steps:
+
+    * ``class_effect``: how much the class changes the model's noise prediction, ``|eps(x_t, t, y) - eps(x_t, t,
+      y')| / |eps(x_t, t, y)|`` with ``y'`` another class, averaged (0: the class is ignored);
+    * ``class_rms`` and ``time_rms``: the root-mean-square entry of the class embeddings (the class rows of the
+      table, not guidance's null row; 0.02 at the start) and of the time embeddings of those steps;
+    * for the cross-attention designs, averaged over blocks, heads and image tokens: ``class_attention``, the
+      attention weight on the class token (0.5 is even), and ``class_read``, the class token's share of what the
+      attention reads (its weight times the norm of its value, against the time token's).
+    """
+    import torch
+
+    from dit_core.designs import CrossAttentionBlock
+
+    images, labels = judge.real_images("val")
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(len(images), generator=g)[:n]
+    x0, y = images[pick], labels[pick]
+    t = torch.randint(0, process.num_timesteps, (len(x0),), generator=g)
+    x_t = process.q_sample(x0, t, noise=torch.randn(x0.shape, generator=g))
+    out = {}
+    with torch.no_grad():
+        if model.y_embedder is not None:
+            other = (y + torch.randint(1, model.num_classes, y.shape, generator=g)) % model.num_classes
+            c = model.in_channels
+            eps, eps_other = model(x_t, t, y)[:, :c], model(x_t, t, other)[:, :c]
+            out["class_effect"] = float((eps - eps_other).flatten(1).norm(dim=1).mean() / eps.flatten(1).norm(dim=1).mean())
+            table = model.y_embedder.embedding_table.weight[:model.num_classes]
+            out["class_rms"] = float(table.pow(2).mean().sqrt())
+        out["time_rms"] = float(model.t_embedder(t).pow(2).mean().sqrt())
+        blocks = [b for b in model.blocks if isinstance(b, CrossAttentionBlock)]
+        if blocks and model.y_embedder is not None:
+            seen = []
+            hooks = [b.register_forward_pre_hook(lambda mod, args: seen.append((mod, *args))) for b in blocks]
+            try:
+                model(x_t, t, y)
+            finally:
+                for h in hooks:
+                    h.remove()
+            weight, read = [], []
+            for block, x, context in seen:
+                w = block.context_attention(x, context)  # (n, heads, tokens, 2): t, y
+                v = block.cross_attn.kv(block.norm_context(context)).chunk(2, dim=-1)[1]  # (n, 2, width)
+                v = v.reshape(len(v), 2, block.cross_attn.num_heads, -1).norm(dim=-1).transpose(1, 2)  # (n, heads, 2)
+                r = w * v[:, :, None, :]
+                weight.append(float(w[..., 1].mean()))
+                read.append(float((r[..., 1] / r.sum(-1)).mean()))
+            out["class_attention"] = sum(weight) / len(weight)
+            out["class_read"] = sum(read) / len(read)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -91,74 +144,45 @@ def model_cost(overrides: dict, profile: str = "digits") -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def run_one(study: str, variant: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
+def run_one(study_name: str, variant: str, seed: int, work: str | os.PathLike, *, max_steps: int | None = None,
             eval_every: int | None = None, per_class: int | None = None, eval_steps: int | None = None,
             overrides: dict | None = None, keep_checkpoints: bool = False, progress: bool = False,
             quiet: bool = False) -> dict:
-    """Train ``variant`` of ``study`` with ``seed`` in ``work/<study>/<variant>/seed<seed>``, score its EMA model
-    every ``eval_every`` steps without guidance, and return the run's record (also written to ``record.json``).
+    """Train ``variant`` of ``study_name`` with ``seed`` in ``work/<study>/<variant>/seed<seed>``, score its EMA model
+    every ``eval_every`` steps without guidance (and :func:`conditioning`), and return the run's record
+    (:func:`dit_book.study.train_and_score`; also ``record.json``).
 
     ``overrides``: further config keys (e.g. a smaller model for a smoke run); ``quiet``: the trainer's lines go to
     ``train.log`` in the run's folder instead of the screen. Resumes a killed run.
     """
-    import contextlib
-
-    import torch
-
-    from dit_core.train import train
-
-    spec = STUDIES[study]
-    settings = {**variants(study)[variant], **(overrides or {})}
-    work = Path(work)
-    out = work / study / variant.replace("/", "-") / f"seed{seed}"
+    spec = STUDIES[study_name]
+    settings = {**variants(study_name)[variant], **(overrides or {})}
+    out = Path(work) / study_name / variant.replace("/", "-") / f"seed{seed}"
     if (out / "record.json").is_file():
         return json.loads((out / "record.json").read_text())
     max_steps = int(max_steps or spec["max_steps"])
     eval_every = int(eval_every or spec["eval_every"])
     per_class, eval_steps = int(per_class or spec["per_class"]), int(eval_steps or spec["eval_steps"])
-    data_path = settings.pop("data_path", None) or prepare_data("digits", work)
-    cfg = study_config(spec["profile"], settings, data_path=data_path, out=out, seed=seed, max_steps=max_steps,
-                       eval_every=eval_every, progress=progress)
-    out.mkdir(parents=True, exist_ok=True)
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    with open(out / "train.log", "a") if quiet else contextlib.nullcontext() as log, \
-            contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext():
-        summary = train(cfg)
-    train_cpu = time.process_time() - cpu0
-    if summary.get("interrupted"):
-        raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
-                                f"{summary.get('steps')}; run the study again to resume this run")
-    seconds = training_seconds(out / "metrics.jsonl")
+    data_path = settings.pop("data_path", None) or prepare_data("digits", Path(work))
+    cfg = study.study_config(spec["profile"], settings, data={"data_path": data_path}, out=out, seed=seed,
+                             max_steps=max_steps, eval_every=eval_every, progress=progress)
 
-    evals, judge = score_checkpoints(out, cfg, "digits", per_class=per_class, eval_steps=eval_steps,
-                                     cfg_scale=spec["cfg_scale"], seconds=seconds,
-                                     keep_checkpoints=keep_checkpoints)
-    cost = model_cost({**settings, "data_path": data_path}, spec["profile"])
-    record = {
-        "study": study, "variant": variant, "seed": seed, "settings": settings, "max_steps": max_steps,
-        "batch_size": cfg.batch_size, "eval_every": eval_every, "per_class": per_class, "eval_steps": eval_steps,
-        "cfg_scale": spec["cfg_scale"], "sampler": "ddim", "classifier_val_accuracy": float(judge.val_accuracy),
-        **cost, "evals": evals, "train_seconds": max(seconds.values()) if seconds else None,
-        "cpu_seconds_this_call": time.process_time() - cpu0, "train_cpu_seconds_this_call": train_cpu,
-        "wall_seconds_this_call": time.perf_counter() - t0,
-        "threads": torch.get_num_threads(), "final_loss": summary.get("final_loss"),
-    }
-    atomic_write_text(out / "record.json", json.dumps(record, indent=1) + "\n")
-    if not keep_checkpoints:
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return record
+    def scorer(cfg, seconds):
+        judge, classes = judge_of_run(out, "digits")
+        score = study.judge_scorer(cfg, judge, classes, per_class=per_class, eval_steps=eval_steps,
+                                   cfg_scale=spec["cfg_scale"], seconds=seconds, measure=conditioning)
+        return score, {"classifier_val_accuracy": float(judge.val_accuracy),
+                       **study.model_facts(cfg, DIGITS_SHAPE, DIGITS_CLASSES)}
+
+    return study.train_and_score(out, cfg, scorer, {
+        "study": study_name, "variant": variant, "seed": seed, "settings": settings, "per_class": per_class,
+        "eval_steps": eval_steps, "cfg_scale": spec["cfg_scale"], "sampler": "ddim"},
+        quiet=quiet, keep_checkpoints=keep_checkpoints, remove=("checkpoints",))
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Reading the records
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _spread(values: list[float]) -> dict:
-    values = sorted(v for v in values if v is not None and math.isfinite(v))
-    if not values:
-        return {"median": math.nan, "min": math.nan, "max": math.nan, "seeds": 0}
-    return {"median": statistics.median(values), "min": values[0], "max": values[-1], "seeds": len(values)}
 
 
 def by_variant(records: list[dict]) -> dict[str, list[dict]]:
@@ -168,38 +192,36 @@ def by_variant(records: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def curve(runs: list[dict], key: str) -> list[dict]:
-    """Median [min, max] over seeds of ``key`` at every scored step of ``runs``."""
-    steps = sorted({e["step"] for r in runs for e in r["evals"]})
-    return [{"step": s, **_spread([next((e[key] for e in r["evals"] if e["step"] == s), None) for r in runs])}
-            for s in steps]
+def _median(values: list[float]):
+    values = [v for v in values if v is not None]
+    return spread(values)["median"] if values else None
 
 
-def summarize(records: list[dict]) -> list[dict]:
+def summarize_curves(records: list[dict]) -> list[dict]:
     """One row per variant: its cost (parameters, Gflops, tokens, training compute at the last step) and, as
-    median [min, max] over seeds, its class accuracy and FD at every scored step and at the end."""
+    median [min, max] over seeds (:func:`dit_book.study.spread`), its class accuracy and FD at every scored step
+    and at the end, and the seeds' median of every other figure its scores hold (``measured``: e.g.
+    :func:`conditioning`'s, by step)."""
     rows = []
     for variant, runs in by_variant(records).items():
         r0 = runs[0]
         acc, fd = curve(runs, "class_accuracy"), curve(runs, "frechet_distance")
         last = max(r["max_steps"] for r in runs)
+        extra = sorted({k for r in runs for e in r["evals"] for k in e} - {
+            "step", "seconds", "class_accuracy", "frechet_distance", "real_floor"})
         rows.append({
             "variant": variant, "seeds": len(runs), "params": r0["params"], "gflops": r0["gflops"],
             "tokens": r0["tokens"], "settings": r0["settings"], "max_steps": last, "batch_size": r0["batch_size"],
             "train_gflop": training_compute(r0["gflops"], r0["batch_size"], last),
-            "accuracy": acc, "fd": fd, "final_accuracy": acc[-1] if acc else _spread([]),
-            "final_fd": fd[-1] if fd else _spread([]),
-            "seconds_per_step": _median_or_none([r["train_seconds"] / r["max_steps"] for r in runs
-                                                 if r.get("train_seconds")]),
-            "real_floor": statistics.median(e["real_floor"] for r in runs for e in r["evals"]) if r0["evals"] else None,
+            "accuracy": acc, "fd": fd, "final_accuracy": acc[-1] if acc else spread([]),
+            "final_fd": fd[-1] if fd else spread([]),
+            "measured": {k: {p["step"]: p["median"] for p in curve(runs, k)} for k in extra},
+            "seconds_per_step": _median([r["train_seconds"] / r["max_steps"] for r in runs if r.get("train_seconds")]),
+            "real_floor": _median([e["real_floor"] for r in runs for e in r["evals"] if "real_floor" in e]),
         })
-    order = list(DESIGNS) + [f"{s}/{p}" for s in SIZES for p in PATCHES]
+    order = list(BLOCK_VARIANTS) + list(variants("scaling"))
     rows.sort(key=lambda r: order.index(r["variant"]) if r["variant"] in order else len(order))
     return rows
-
-
-def _median_or_none(values: list[float]):
-    return statistics.median(values) if values else None
 
 
 def training_compute(gflops: float, batch_size: int, steps: int) -> float:
@@ -208,7 +230,8 @@ def training_compute(gflops: float, batch_size: int, steps: int) -> float:
     return 3.0 * gflops * batch_size * steps
 
 
-def _cell(s: dict, fmt: str = "{:.2f}", pct: bool = False) -> str:
+def format_spread(s: dict, fmt: str = "{:.2f}", pct: bool = False) -> str:
+    """A :func:`~dit_book.study.spread` as ``median [min, max]`` (the median alone for one seed or equal ends)."""
     if not s["seeds"]:
         return "-"
     f = (lambda v: f"{100 * v:.1f} %") if pct else (lambda v: fmt.format(v))
@@ -232,8 +255,8 @@ def format_blocks_table(rows: list[dict], steps: list[int] | None = None) -> str
     for r in rows:
         fd = {p["step"]: p for p in r["fd"]}
         acc = {p["step"]: p for p in r["accuracy"]}
-        cells = [_cell(fd[s]) if s in fd else "-" for s in steps] + \
-            [_cell(acc[s], pct=True) if s in acc else "-" for s in steps]
+        cells = [format_spread(fd[s]) if s in fd else "-" for s in steps] + \
+            [format_spread(acc[s], pct=True) if s in acc else "-" for s in steps]
         lines.append(f"| {r['variant']} | {1e3 * r['gflops']:.2f} | {r['params'] / 1e6:.2f} M | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -248,7 +271,32 @@ def format_scaling_table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['tokens']} | {1e3 * r['gflops']:.2f} | {r['params'] / 1e6:.2f} M | "
-                     f"{r['train_gflop']:.3g} | {_cell(r['final_fd'])} | {_cell(r['final_accuracy'], pct=True)} |")
+                     f"{r['train_gflop']:.3g} | {format_spread(r['final_fd'])} | "
+                     f"{format_spread(r['final_accuracy'], pct=True)} |")
+    return "\n".join(lines)
+
+
+def format_conditioning_table(rows: list[dict], step: int | None = None) -> str:
+    """What :func:`conditioning` measured at ``step`` (default: the last), the seeds' medians: the class's effect
+    on the prediction, the class and time embeddings' RMS and, for the cross-attention designs, the attention on
+    the class token and its share of what is read; beside each design's final FD and accuracy."""
+    lines = ["| design | class's effect on the prediction | class embedding RMS | time embedding RMS | attention on "
+             "the class token | class's share of what is read | final FD | final accuracy |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r.get("measured", {})
+        if not m:
+            continue
+        s = step if step is not None else max(m.get("class_rms", {0: None}))
+
+        def cell(key, fmt="{:.3f}"):
+            v = m.get(key, {}).get(s)
+            return fmt.format(v) if v is not None and math.isfinite(v) else "-"
+
+        lines.append(f"| {r['variant']} | {cell('class_effect', '{:.2f}')} | {cell('class_rms')} | {cell('time_rms')} | "
+                     f"{cell('class_attention', '{:.2f}')} "
+                     f"| {cell('class_read', '{:.2f}')} | {format_spread(r['final_fd'])} | "
+                     f"{format_spread(r['final_accuracy'], pct=True)} |")
     return "\n".join(lines)
 
 
@@ -278,29 +326,35 @@ def _ranks(values: list[float]) -> list[float]:
     return ranks
 
 
+def _at(points: list[dict], step: int | None):
+    pts = {p["step"]: p["median"] for p in points}
+    return pts.get(step if step is not None else max(pts)) if pts else None
+
+
 def correlations(rows: list[dict], step: int | None = None) -> dict:
-    """How well Gflops predict quality across the scaling grid, at ``step`` (default: the last scored step):
-    Pearson's r of log10 Gflops with log10 FD and with class accuracy (the seeds' medians), and Spearman's rank
-    correlation of Gflops with FD. The paper finds FID falling as Gflops rise (a negative correlation)."""
+    """How well Gflops predict quality across a scaling grid, at ``step`` (default: each row's last scored step):
+    Pearson's r of log10 Gflops with log10 FD (the paper: FID) and with class accuracy (the seeds' medians; NaN
+    where a row has none), and Spearman's rank correlation of Gflops with FD. The paper finds FID falling as Gflops
+    rise (a negative correlation)."""
     pts = []
     for r in rows:
-        fd = {p["step"]: p["median"] for p in r["fd"]}
-        acc = {p["step"]: p["median"] for p in r["accuracy"]}
-        s = step if step is not None else max(fd)
-        if s in fd and math.isfinite(fd[s]) and fd[s] > 0:
-            pts.append((r["gflops"], fd[s], acc[s]))
+        fd, acc = _at(r["fd"], step), _at(r["accuracy"], step)
+        if fd is not None and math.isfinite(fd) and fd > 0:
+            pts.append((r["gflops"], fd, acc if acc is not None else math.nan))
     if len(pts) < 3:
         return {"points": len(pts), "step": step}
     g = [math.log10(p[0]) for p in pts]
+    accs = [p[2] for p in pts]
     return {"points": len(pts), "step": step if step is not None else max(p["step"] for p in rows[0]["fd"]),
             "pearson_log_gflops_log_fd": pearson(g, [math.log10(p[1]) for p in pts]),
-            "pearson_log_gflops_accuracy": pearson(g, [p[2] for p in pts]),
+            "pearson_log_gflops_accuracy": pearson(g, accs) if all(map(math.isfinite, accs)) else math.nan,
             "spearman_gflops_fd": pearson(_ranks([p[0] for p in pts]), _ranks([p[1] for p in pts]))}
 
 
 def compute_to(rows: list[dict], target: float) -> dict[str, float | None]:
     """Per configuration, the training compute (Gflop, :func:`training_compute`) at the first scored step where its
-    median FD is at most ``target``; None when it never gets there (the paper's Figure 9 read at one FD)."""
+    median FD is at most ``target``; None when it never gets there (the paper's Figure 9 read at one FD). With
+    one scored step (the paper's Table 4) it is the compute of that step: an upper bound."""
     out = {}
     for r in rows:
         hit = next((p["step"] for p in r["fd"] if p["median"] <= target), None)
@@ -308,30 +362,62 @@ def compute_to(rows: list[dict], target: float) -> dict[str, float | None]:
     return out
 
 
+def size_and_patch(variant: str) -> tuple[str, int]:
+    """``"d2w64/4"`` -> ``("d2w64", 4)``; ``"DiT-S/8"`` -> ``("DiT-S", 8)``."""
+    size, patch = variant.rsplit("/", 1)
+    return size, int(patch)
+
+
 def trade_offs(rows: list[dict], within: float = 1.6) -> list[dict]:
     """Pairs of scaling configurations whose Gflops differ by less than ``within`` x but that get them from
-    another size and patch (one larger model with larger patches, one smaller with smaller patches): the paper's
-    claim is that such pairs reach about the same quality. Each pair with its final FDs and accuracies."""
+    another size and patch (one larger model with larger patches, one smaller with smaller patches): the paper
+    says such pairs obtain similar FID. Each pair with its final FDs and accuracies, ``fd_ratio`` (the higher
+    median FD over the lower), whether the seeds' ranges of FD overlap, and which of the two has the larger patch
+    and whether it is the worse (``larger_patch_worse``)."""
     pairs = []
     for i, a in enumerate(rows):
         for b in rows[i + 1:]:
             ratio = max(a["gflops"], b["gflops"]) / min(a["gflops"], b["gflops"])
-            sa, pa = a["variant"].split("/")
-            sb, pb = b["variant"].split("/")
+            (sa, pa), (sb, pb) = size_and_patch(a["variant"]), size_and_patch(b["variant"])
             if ratio < within and sa != sb and pa != pb:
+                fa, fb = a["final_fd"]["median"], b["final_fd"]["median"]
+                larger, other = (a, b) if pa > pb else (b, a)
                 pairs.append({"a": a["variant"], "b": b["variant"], "gflops_ratio": ratio,
                               "fd": (a["final_fd"], b["final_fd"]),
                               "accuracy": (a["final_accuracy"], b["final_accuracy"]),
-                              "overlap_fd": not separated(a["final_fd"], b["final_fd"])})
+                              "fd_ratio": max(fa, fb) / min(fa, fb),
+                              "overlap_fd": not separated(a["final_fd"], b["final_fd"]),
+                              "larger_patch": larger["variant"],
+                              "larger_patch_worse": larger["final_fd"]["median"] > other["final_fd"]["median"]})
     return pairs
+
+
+def scaling_checks(rows: list[dict]) -> dict:
+    """The paper's Figure 6 as two yes/no questions, by the final median FD: at every patch size, does each larger
+    model (more parameters) end lower (``larger_model``), and at every model size does each smaller patch end lower
+    (``smaller_patch``)? Each with the cases that fail, as ``(worse, better)`` pairs of variants."""
+    by_patch, by_size = {}, {}
+    for r in rows:
+        size, patch = size_and_patch(r["variant"])
+        by_patch.setdefault(patch, []).append(r)
+        by_size.setdefault(size, []).append(r)
+    fails = {"larger_model": [], "smaller_patch": []}
+    for key, groups, order in (("larger_model", by_patch, lambda r: r["params"]),
+                               ("smaller_patch", by_size, lambda r: -size_and_patch(r["variant"])[1])):
+        for group in groups.values():
+            ranked = sorted(group, key=order)
+            for small, big in zip(ranked, ranked[1:]):
+                if not big["final_fd"]["median"] < small["final_fd"]["median"]:
+                    fails[key].append((big["variant"], small["variant"]))
+    return {"larger_model": not fails["larger_model"], "smaller_patch": not fails["smaller_patch"],
+            "fails": fails}
 
 
 def ordering(rows: list[dict], key: str = "fd", step: int | None = None) -> list[str]:
     """Variants from best to worst by the seeds' median ``key`` ("fd": lower is better; "accuracy") at ``step``
     (default: the last)."""
     def value(r):
-        pts = {p["step"]: p["median"] for p in r[key]}
-        v = pts[step if step is not None else max(pts)]
+        v = _at(r[key], step)
         return v if key == "fd" else -v
     return [r["variant"] for r in sorted(rows, key=value)]
 
@@ -341,9 +427,68 @@ def separated(a: dict, b: dict) -> bool:
     return a["max"] < b["min"] or b["max"] < a["min"]
 
 
-def load_records(path: str | os.PathLike) -> dict:
-    """A results file of :func:`main` (``runs``, ``settings``, ``environment``, ``summary``)."""
-    return json.loads(Path(path).read_text())
+def chance_apart(n_a: int = 3, n_b: int = 3) -> float:
+    """The probability that the ranges of ``n_a`` and ``n_b`` seeds come out disjoint when the two variants do not
+    differ at all (every ordering of the ``n_a + n_b`` results equally likely): ``2 / C(n_a + n_b, n_a)``, 0.1
+    for 3 against 3."""
+    return 2.0 / math.comb(n_a + n_b, n_a)
+
+
+def beside_the_paper(paper_designs: list[dict], designs: list[dict], paper_scaling: list[dict], scaling: list[dict],
+                     paper_target: float = 50.0, target: float = 1.0) -> str:
+    """The paper (Table 4, :mod:`dit_book.paper`) and the digits (rows of :func:`summarize_curves`) through the
+    same reading, as a Markdown table: the designs' order and adaLN-Zero against in-context, the Gflops-quality
+    correlations, the pairs of about equal Gflops (:func:`trade_offs`), Figure 6's two checks
+    (:func:`scaling_checks`) and the least training compute to a quality target (:func:`compute_to`: FID
+    ``paper_target``, FD ``target``)."""
+    def order(rows):
+        at = {r["variant"]: r["final_fd"]["median"] for r in rows}
+        return " < ".join(f"{v} {at[v]:.2f}" for v in ordering(rows))
+
+    def ratio(rows):
+        at = {r["variant"]: r["final_fd"]["median"] for r in rows}
+        return f"{at['adaln-zero'] / at['in-context']:.2f}"
+
+    def corr(rows, key):
+        c = correlations(rows)
+        return f"{c[key]:+.2f} ({c['points']} models)"
+
+    def pairs(rows):
+        found = trade_offs(rows)
+        worse = [p for p in found if p["larger_patch_worse"]]
+        return (f"{len(found)}: " + "; ".join(f"{p['a']} / {p['b']} {p['fd_ratio']:.2f}x" for p in found),
+                f"{len(worse)} of {len(found)}")
+
+    def checks(rows, key):
+        c = scaling_checks(rows)
+        return "yes" if c[key] else "no: " + ", ".join(f"{w} above {b}" for w, b in c["fails"][key])
+
+    def cheapest(rows, goal):
+        reach = {v: c for v, c in compute_to(rows, goal).items() if c is not None}
+        if not reach:
+            return "none"
+        best = min(reach, key=reach.get)
+        return f"{best}, {reach[best]:.3g} Gflop ({len(reach)} of {len(rows)} get there)"
+
+    p_pairs, d_pairs = pairs(paper_scaling), pairs(scaling)
+    table = [
+        ("designs, best to worst (final FID / FD)", order(paper_designs), order(designs)),
+        ("adaLN-Zero over in-context", ratio(paper_designs), ratio(designs)),
+        ("Pearson r (log Gflops, log FID / FD)", corr(paper_scaling, "pearson_log_gflops_log_fd"),
+         corr(scaling, "pearson_log_gflops_log_fd")),
+        ("Spearman (Gflops, FID / FD)", corr(paper_scaling, "spearman_gflops_fd"),
+         corr(scaling, "spearman_gflops_fd")),
+        ("pairs within 1.6x of each other's Gflops, another size and patch: FID / FD ratio", p_pairs[0], d_pairs[0]),
+        ("... where the larger patch is the worse", p_pairs[1], d_pairs[1]),
+        ("larger model lower at every patch", checks(paper_scaling, "larger_model"), checks(scaling, "larger_model")),
+        ("smaller patch lower at every size", checks(paper_scaling, "smaller_patch"), checks(scaling, "smaller_patch")),
+        (f"least training compute to FID {paper_target:g} / FD {target:g}", cheapest(paper_scaling, paper_target),
+         cheapest(scaling, target)),
+    ]
+    lines = ["| | the paper (Table 4: FID-50K at 400K steps) | the digits (FD at the last step, median of the seeds) |",
+             "|---|---|---|"]
+    lines += [f"| {name} | {a} | {b} |" for name, a, b in table]
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -352,56 +497,34 @@ def load_records(path: str | os.PathLike) -> dict:
 
 
 def plot_curves(records: list[dict], ax=None, x: str = "step", labels: dict | None = None):
-    """FD and class accuracy against ``x`` ("step" or "compute": the training compute) per variant: the median
-    over seeds, the range shaded. Returns the figure."""
-    import matplotlib.pyplot as plt
-    import numpy as np
+    """FD and class accuracy against ``x`` ("step" or "compute": the training compute) per variant
+    (:func:`dit_book.study.plot_curves`): the median over seeds, the range shaded. Returns the figure."""
+    def compute(runs, step):
+        return training_compute(runs[0]["gflops"], runs[0]["batch_size"], step)
 
-    if ax is None:
-        _, ax = plt.subplots(1, 2, figsize=(12, 3.8))
-    fig = ax[0].figure
-    rows = summarize(records)
-    for i, r in enumerate(rows):
-        label = (labels or {}).get(r["variant"], r["variant"])
-        for a, key in zip(ax, ("fd", "accuracy")):
-            pts = r[key]
-            xs = np.array([p["step"] for p in pts], dtype=float)
-            if x == "compute":
-                xs = np.array([training_compute(r["gflops"], r["batch_size"], p["step"]) for p in pts])
-            a.plot(xs, [p["median"] for p in pts], color=f"C{i}", lw=1.6, label=label, marker="o", ms=3)
-            if r["seeds"] > 1:
-                a.fill_between(xs, [p["min"] for p in pts], [p["max"] for p in pts], color=f"C{i}", alpha=0.15)
-    ax[0].set_ylabel("FD (digits judge's features)")
-    ax[0].set_yscale("log")
-    ax[1].set_ylabel("class accuracy")
-    for a in ax:
-        a.set_xlabel("training step" if x == "step" else "training compute (Gflop, 3 x Gflops x batch x steps)")
-        if x == "compute":
-            a.set_xscale("log")
-        a.grid(alpha=0.3)
-    ax[1].legend(fontsize=8, ncol=1 if len(rows) < 6 else 2)
-    fig.tight_layout()
-    return fig
+    return study.plot_curves(records, group="variant", x=x, ax=ax, xvalue=compute, labels=labels)
 
 
-def plot_gflops(records: list[dict], ax=None):
-    """Final FD against Gflops per scaling configuration (the paper's Fig. 8): a point per configuration (median
-    over seeds, the range as an error bar), coloured by size, marked by patch."""
+def plot_gflops(rows: list[dict], ax=None, ylabel: str = "final FD"):
+    """Final FD (or the paper's FID) against Gflops per scaling configuration (the paper's Fig. 8): a point per
+    configuration of ``rows`` (:func:`summarize_curves`, or :func:`dit_book.paper.scaling_rows`; the median over
+    seeds, the range as an error bar), coloured by size, marked by patch (the largest patch a square)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
-    markers = {4: "s", 2: "o", 1: "^"}
-    for r in summarize(records):
-        size, patch = r["variant"].split("/")
+    sizes = list(dict.fromkeys(size_and_patch(r["variant"])[0] for r in rows))
+    patches = sorted({size_and_patch(r["variant"])[1] for r in rows}, reverse=True)
+    markers = dict(zip(patches, "so^v"))
+    for r in rows:
+        size, patch = size_and_patch(r["variant"])
         f = r["final_fd"]
-        colour = f"C{list(SIZES).index(size)}" if size in SIZES else "grey"
         ax.errorbar(r["gflops"], f["median"], yerr=[[f["median"] - f["min"]], [f["max"] - f["median"]]],
-                    fmt=markers.get(int(patch), "o"), color=colour, capsize=3, label=r["variant"])
+                    fmt=markers.get(patch, "o"), color=f"C{sizes.index(size)}", capsize=3, label=r["variant"])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("Gflops (forward multiply-adds per image, in G)")
-    ax.set_ylabel("final FD")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=3)
     ax.figure.tight_layout()
@@ -413,68 +536,60 @@ def plot_gflops(records: list[dict], ax=None):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def environment() -> dict:
-    import platform
-
-    import torch
-
-    from dit_core.measure.env import cpu_info
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_info(),
-            "machine": platform.machine(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
-
-
-def write_results(path: Path, study: str, records: list[dict], settings: dict, cpu_seconds: float | None = None) -> str:
-    rows = summarize(records)
-    table = format_blocks_table(rows) if study == "blocks" else format_scaling_table(rows)
-    data = {"study": study, "settings": settings, "environment": environment(), "runs": records, "summary": rows,
-            "table": table, "cpu_seconds": sum(r.get("cpu_seconds_this_call") or 0 for r in records)}
-    if study == "scaling":
+def write_results(path: Path, study_name: str, records: list[dict], settings: dict) -> str:
+    rows = summarize_curves(records)
+    table = format_blocks_table(rows) if study_name == "blocks" else format_scaling_table(rows)
+    data = {"study": study_name, "settings": settings, "environment": study.environment(), "runs": records,
+            "summary": rows, "table": table, "cpu_seconds": sum(r.get("cpu_seconds_this_call") or 0 for r in records)}
+    if study_name == "scaling":
         data["correlations"] = correlations(rows)
         data["trade_offs"] = trade_offs(rows)
     atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
     return table
 
 
-def _run(job: dict) -> dict:
-    import torch
-
-    torch.set_num_threads(1)
-    return run_one(job["study"], job["variant"], job["seed"], job["work"], **job["kw"])
+def record_path(results: Path, study_name: str, tag: str | None = None, quick: bool = False) -> Path:
+    """``results/paper-findings-<study>[-<tag>][-quick].json``."""
+    return Path(results) / f"paper-findings-{study_name}{'-' + tag if tag else ''}{'-quick' if quick else ''}.json"
 
 
-def run_grid(study: str, work: Path, results: Path, seeds, jobs: int = 1, kw: dict | None = None,
-             only: list[str] | None = None, quick: bool = False) -> list[dict]:
-    """Run every (variant, seed) of ``study``, ``jobs`` at a time (one thread each), rewriting
-    ``results/paper-findings-<study>.json`` after every run."""
+def _job(study_name: str, variant: str, seed: int, work, kw: dict) -> dict:
+    return {"fn": run_one, "args": (study_name, variant, seed, str(work)), "kw": kw}
+
+
+def run_grid(study_name: str, work: Path, results: Path, seeds, jobs: int = 1, kw: dict | None = None,
+             only: list[str] | None = None, quick: bool = False, tag: str | None = None) -> list[dict]:
+    """Run every (variant, seed) of ``study_name`` (``only``: those variants), ``jobs`` at a time (one thread each,
+    :func:`dit_book.study.run_jobs`), rewriting the results file (:func:`record_path`) after every run. A results
+    file that holds runs of other variants is not overwritten: give those runs' file another ``tag``."""
     kw = dict(kw or {})
-    names = [v for v in variants(study) if not only or v in only]
-    path = results / f"paper-findings-{study}{'-quick' if quick else ''}.json"
-    settings = {"study": {**STUDIES[study], **kw}, "variants": {v: variants(study)[v] for v in names},
+    unknown = sorted(set(only or ()) - set(variants(study_name)))
+    if unknown:
+        raise ValueError(f"unknown {study_name} variant(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(variants(study_name))}")
+    names = [v for v in variants(study_name) if not only or v in only]
+    path = record_path(results, study_name, tag, quick)
+    if path.is_file():
+        others = sorted({r["variant"] for r in load_records(path).get("runs", [])} - set(names))
+        if others:
+            raise FileExistsError(f"{path} holds runs of {', '.join(others)}, which this command does not run; "
+                                  "writing it would drop them. Give the new runs a file of their own (--tag NAME "
+                                  f"writes {record_path(results, study_name, 'NAME', quick).name}).")
+    settings = {"study": {**STUDIES[study_name], **kw}, "variants": {v: variants(study_name)[v] for v in names},
                 "seeds": list(seeds), "quick": quick}
-    job_list = [dict(study=study, variant=v, seed=s, work=str(work), kw=kw) for s in seeds for v in names]
     records: list[dict] = []
 
     def done(record):
         records.append(record)
         records.sort(key=lambda r: (r["variant"], r["seed"]))
-        write_results(path, study, records, settings)
+        write_results(path, study_name, records, settings)
         last = record["evals"][-1] if record["evals"] else {}
-        print(f"  {study} {record['variant']} seed {record['seed']}: FD {last.get('frechet_distance', math.nan):.2f}, "
-              f"accuracy {last.get('class_accuracy', math.nan):.1%}, {record['cpu_seconds_this_call']:.0f} s CPU",
-              flush=True)
+        print(f"  {study_name} {record['variant']} seed {record['seed']}: FD "
+              f"{last.get('frechet_distance', math.nan):.2f}, accuracy {last.get('class_accuracy', math.nan):.1%}, "
+              f"{record['cpu_seconds_this_call']:.0f} s CPU", flush=True)
 
-    if jobs <= 1:
-        for job in job_list:
-            done(_run(job))
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for future in as_completed([pool.submit(_run, job) for job in job_list]):
-                done(future.result())
-    print(f"\n{study} ({path}):\n{write_results(path, study, records, settings)}\n", flush=True)
+    study.run_jobs([_job(study_name, v, s, work, kw) for s in seeds for v in names], jobs, done)
+    print(f"\n{study_name} ({path}):\n{write_results(path, study_name, records, settings)}\n", flush=True)
     return records
 
 
@@ -482,54 +597,8 @@ QUICK = dict(max_steps=40, eval_every=20, per_class=4, eval_steps=8)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The chapter: its setup and its live run
+# The chapter's live run (its set-up is dit_book.setup.paper_findings)
 # ----------------------------------------------------------------------------------------------------------
-
-#: A smoke run's tiny DiT (the tests run the chapter with it).
-SMOKE_MODEL = dict(depth=1, hidden_size=32, num_heads=2)
-
-
-def chapter_setup(params: dict):
-    """Chapter 7c's setup (as :mod:`dit_book.setup` does for the other chapters): reads its ``parameters``, writes
-    back what this run uses, and returns ``track``, ``download``, ``data_dir``, ``latents_dir``, ``device``,
-    ``out_dir``, ``live_overrides`` (the model settings the live runs add: a tiny DiT in a smoke run) and
-    ``gpu_image_size``. A smoke run trains 10 steps of a tiny DiT; on the GPU track it makes stand-ins for the
-    downloads (a made-up Imagenette archive, a tiny VAE, random Inception weights) and runs two designs and two
-    models of the GPU studies at 32 px, 2 steps of a tiny DiT each, scored once."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from dit_core.runtime import set_threads
-
-    from . import setup, track as tracks
-
-    smoke = setup._smoke(params)
-    (out_dir,) = setup._need(params, "OUT_DIR")
-    overrides = {}
-    if smoke:
-        params.update(LIVE_STEPS=10, LIVE_EVAL_EVERY=5, LIVE_PER_CLASS=2, LIVE_EVAL_STEPS=3, LIVE_JOBS=1)
-        overrides = dict(SMOKE_MODEL)
-    set_threads(1)  # a model this small runs faster on one thread; the live runs take one core each
-    torch.manual_seed(0)
-    track, download = setup._gpu_route(params, smoke)
-    data_dir, latents_dir = tracks.gpu_paths(params["DATA_DIR"], params["LATENTS_DIR"], smoke=smoke)
-    if smoke:  # the GPU track at toy size: 32 px stand-ins, patches that fit 4x4 latents, two steps a run
-        params.update(GPU_BLOCKS_MODEL="DiT-S/2", GPU_DESIGNS=["adaln-zero", "in-context"],
-                      GPU_SCALING_MODELS=["DiT-S/4", "DiT-S/2"], GPU_STEPS=2, GPU_EVAL_EVERY=2, GPU_FID_SAMPLES=4,
-                      GPU_FID_STEPS=2, GPU_BATCH=4,
-                      GPU_OUT_DIR=out_dir + "/smoke_gpu_runs")
-        if track == "gpu":
-            stand = setup._standins(params, vae=True)
-            if params["INCEPTION"] == "auto":
-                params["INCEPTION"] = stand["inception"]
-    device = setup._device(params.get("DEVICE", "auto"))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return SimpleNamespace(track=track, download=download, data_dir=data_dir, latents_dir=latents_dir, device=device,
-                           out_dir=out, live_overrides=overrides, gpu_image_size=32 if smoke else 256,
-                           gpu_overrides=dict(SMOKE_MODEL, num_workers=0, mixed_precision="fp32", tf32=False)
-                           if smoke else {})
 
 
 def run_live(designs, work, *, max_steps: int, eval_every: int, per_class: int, eval_steps: int,
@@ -537,20 +606,13 @@ def run_live(designs, work, *, max_steps: int, eval_every: int, per_class: int, 
     """The block-design study at a reduced size, as the chapter runs it: ``designs`` trained on the digits for
     ``max_steps`` each (the learning rate decays over them), scored every ``eval_every`` steps without guidance,
     ``jobs`` runs at a time on one thread each, the trainer's lines in each run's ``train.log``. Returns the records
-    (a fresh measurement: ``work`` is cleared)."""
+    in the order of ``designs`` (a fresh measurement: ``work`` is cleared)."""
     work = Path(work)
     shutil.rmtree(work / "blocks", ignore_errors=True)
     kw = dict(max_steps=max_steps, eval_every=eval_every, per_class=per_class, eval_steps=eval_steps,
               overrides=overrides or {}, quiet=True)
-    job_list = [dict(study="blocks", variant=d, seed=seed, work=str(work), kw=kw) for d in designs]
-    if jobs <= 1 or len(job_list) == 1:
-        return [_run(job) for job in job_list]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=min(jobs, len(job_list)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_run, job_list))
+    records = study.run_jobs([_job("blocks", d, seed, work, kw) for d in designs], jobs)
+    return sorted(records, key=lambda r: list(designs).index(r["variant"]))
 
 
 def main(argv=None) -> int:
@@ -560,11 +622,13 @@ def main(argv=None) -> int:
     repo = Path(__file__).resolve().parents[1]
     p = argparse.ArgumentParser(prog="python -m dit_book.findings", description=__doc__.splitlines()[0])
     p.add_argument("--studies", default="blocks,scaling", help="blocks, scaling (comma-separated)")
-    p.add_argument("--variants", default=None, help="only these variants (e.g. adaln-zero,in-context or S/2,L/1)")
+    p.add_argument("--variants", default=None, help="only these variants (e.g. adaln-zero,in-context or "
+                                                    "d2w64/2,d4w128/1)")
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds 0 .. N-1 (default 3)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each")
     p.add_argument("--work", default=str(repo / "runs" / "findings"), help="the runs' state (resumable)")
     p.add_argument("--results", default=str(repo / "benchmarks" / "results"), help="where the JSON records go")
+    p.add_argument("--tag", default=None, help="write paper-findings-<study>-<TAG>.json (runs kept apart)")
     p.add_argument("--quick", action="store_true", help="tiny budgets, one seed: every code path in minutes")
     p.add_argument("--estimate", action="store_true", help="time a few steps of every variant and project the CPU time")
     for key in ("max_steps", "eval_every", "per_class", "eval_steps"):
@@ -584,8 +648,8 @@ def main(argv=None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     seeds = range(1 if args.quick else args.seeds)
     cpu0 = time.process_time()
-    for study in studies:
-        run_grid(study, work, results, seeds, args.jobs, kw, only, args.quick)
+    for s in studies:
+        run_grid(s, work, results, seeds, args.jobs, kw, only, args.quick, args.tag)
     print(f"CPU time of this command's own process: {time.process_time() - cpu0:.0f} s (the runs' CPU time is in "
           "each record's cpu_seconds_this_call)")
     return 0
@@ -599,22 +663,22 @@ def estimate(studies: list[str], work: Path, seeds: int = 3, only=None, steps: i
 
     torch.set_num_threads(1)
     total = 0.0
-    for study in studies:
-        spec = STUDIES[study]
-        print(f"{study}: {'variant':10} {'s/step':>8} {'s/score':>8} {'run min':>8}")
-        for variant in variants(study):
+    for study_name in studies:
+        spec = STUDIES[study_name]
+        print(f"{study_name}: {'variant':10} {'s/step':>8} {'s/score':>8} {'run min':>8}")
+        for variant in variants(study_name):
             if only and variant not in only:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 cpu0 = time.process_time()
-                r = run_one(study, variant, 0, tmp, max_steps=steps, eval_every=steps, per_class=spec["per_class"],
-                            eval_steps=spec["eval_steps"], overrides={"warmup_steps": 1})
+                r = run_one(study_name, variant, 0, tmp, max_steps=steps, eval_every=steps,
+                            per_class=spec["per_class"], eval_steps=spec["eval_steps"], overrides={"warmup_steps": 1})
                 cpu = time.process_time() - cpu0
             per_step = r["train_cpu_seconds_this_call"] / steps  # CPU time: the machine may be shared
             per_eval = max(cpu - r["train_cpu_seconds_this_call"], 0.0)
             minutes = (spec["max_steps"] * per_step + spec["max_steps"] // spec["eval_every"] * per_eval) / 60
             total += minutes * seeds
-            print(f"{study}: {variant:10} {per_step:8.3f} {per_eval:8.1f} {minutes:8.1f}", flush=True)
+            print(f"{study_name}: {variant:10} {per_step:8.3f} {per_eval:8.1f} {minutes:8.1f}", flush=True)
     print(f"projected CPU time, {seeds} seeds: {total / 60:.2f} h on one thread")
     return 0
 

@@ -5,60 +5,62 @@ the four block designs, and DiT-S and DiT-B with patches 8 and 4 (:data:`DEFAULT
 chapter 02's ``sd-vae-ft-ema`` latents of Imagenette at 256 px (the `imagenette-b2` profile's recipe: AdamW 1e-4,
 bf16, EMA with warm-up; a batch of 128), one seed, scored every ``eval_every`` steps by FID: ``fid_samples``
 unguided samples (DDIM, ``fid_steps`` steps, decoded by the VAE) against Inception statistics of Imagenette's
-validation images. A pixel model's digits judge has no counterpart here, so there is no class accuracy.
+validation images (:func:`run_one`, the book's one study skeleton :func:`dit_book.study.train_and_score`). A pixel
+model's digits judge has no counterpart here, so there is no class accuracy.
 
 What it costs is **estimated** (:func:`costs`): the training images times 6 x the model's multiply-adds (the
 FLOP counter's figure) at the trainer's utilisation measured on the H200 (:data:`dit_book.track.H200_RECORDS`),
 scaled by the card's peak, plus sampling and the VAE decode scaled the same way. Small models rarely reach a large
-model's utilisation, so for DiT-S and DiT-B the estimate leans short. :func:`plan_steps` shortens the runs on a
-card whose estimate would take a cell past the book's time limit for one cell.
+model's utilisation, so for DiT-S and DiT-B the estimate leans short. The chapter runs both studies in one cell;
+:func:`plan` sizes them together against one cell budget (:func:`dit_book.track.cell_budget`, a share of the
+book's time limit for one cell), so that the cell fits on every card the book's routes name.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import time
 from pathlib import Path
 
 import torch
 
-from dit_core.atomic import atomic_write_text
-
+from . import study
 from . import track as tracks
 from .findings import DESIGNS
 
 #: The GPU track's default sizes (the chapter's parameters override them).
 DEFAULTS = dict(blocks_model="DiT-S/4", scaling_models=("DiT-S/8", "DiT-S/4", "DiT-B/8", "DiT-B/4"), steps=2000,
                 batch_size=128, eval_every=1000, fid_samples=1000, fid_steps=50, image_size=256)
+STUDIES = ("blocks", "scaling")
+#: The profile the GPU studies train with (:func:`profile_for` picks its fp16 twin on cards without bf16).
+PROFILE = "imagenette-b2"
 
 
-def variants(study: str, blocks_model: str = DEFAULTS["blocks_model"], scaling_models=DEFAULTS["scaling_models"],
+def variants(study_name: str, blocks_model: str = DEFAULTS["blocks_model"], scaling_models=DEFAULTS["scaling_models"],
              designs=DESIGNS) -> dict[str, dict]:
     """The GPU study's variants: name -> training-config overrides (``designs``: the block designs compared)."""
-    if study == "blocks":
+    if study_name == "blocks":
         return {design: {"model": blocks_model, "block": design} for design in designs}
-    if study == "scaling":
+    if study_name == "scaling":
         return {name: {"model": name, "block": "adaln-zero"} for name in scaling_models}
-    raise ValueError(f"unknown study {study!r}; choose blocks or scaling")
+    raise ValueError(f"unknown study {study_name!r}; choose blocks or scaling")
+
+
+_MODEL_KEYS = ("model", "block", "depth", "hidden_size", "num_heads", "patch_size")
 
 
 def model_facts(overrides: dict, image_size: int = 256, num_classes: int = 1000) -> dict:
-    """Parameters, forward multiply-adds per image (``gflops``, in G) and tokens of a variant at ``image_size`` px,
-    counted on the meta device."""
-    keys = ("model", "block", "depth", "hidden_size", "num_heads", "patch_size")
-    return dict(_facts(tuple((k, overrides[k]) for k in keys if k in overrides), image_size, num_classes))
+    """Parameters, forward multiply-adds per image (``gflops``, in G) and tokens of a variant at ``image_size`` px:
+    the DiT the trainer builds for latents of that size (:func:`dit_book.study.model_facts`)."""
+    return dict(_facts(tuple((k, overrides[k]) for k in _MODEL_KEYS if k in overrides), image_size, num_classes))
 
 
 @functools.lru_cache(maxsize=None)
 def _facts(items: tuple, image_size: int, num_classes: int) -> tuple:
-    from dit_core.measure.flops import count_params, forward_macs, meta_model
+    from dit_core.train import make_config
 
-    kw = dict(items)
-    model = meta_model(kw.pop("model"), image_size, num_classes=num_classes, **kw)
-    return (("params", count_params(model)), ("gflops", forward_macs(model) / 1e9),
-            ("tokens", model.x_embedder.num_patches + model.extra_tokens))
+    cfg = make_config(PROFILE, dict(items))
+    return tuple(study.model_facts(cfg, (4, image_size // 8, image_size // 8), num_classes).items())
 
 
 def gflops(overrides: dict, image_size: int = 256) -> float:
@@ -66,7 +68,7 @@ def gflops(overrides: dict, image_size: int = 256) -> float:
     return model_facts(overrides, image_size)["gflops"]
 
 
-def costs(peak: float, study: str, steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
+def costs(peak: float, study_name: str, steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
           eval_every: int = DEFAULTS["eval_every"], fid_samples: int = DEFAULTS["fid_samples"],
           fid_steps: int = DEFAULTS["fid_steps"], **variant_kwargs) -> dict:
     """ESTIMATED seconds of one study on a card of ``peak`` TFLOP/s: ``train`` (6 x Gflops per training image at the
@@ -75,7 +77,7 @@ def costs(peak: float, study: str, steps: int = DEFAULTS["steps"], batch_size: i
     records = tracks.H200_RECORDS
     train = fid = 0.0
     evals = max(1, steps // eval_every)
-    for overrides in variants(study, **variant_kwargs).values():
+    for overrides in variants(study_name, **variant_kwargs).values():
         g = gflops(overrides)
         train += steps * batch_size * 6 * g * 1e9 / (records["trainer_mfu"] * peak * 1e12)
         per_step = records["xl2_guided_step_s"] * g / tracks.GMACS["DiT-XL/2"] * 0.5 * tracks.H200_PEAK / peak
@@ -83,21 +85,54 @@ def costs(peak: float, study: str, steps: int = DEFAULTS["steps"], batch_size: i
     return {"train": train, "fid": fid, "total": train + fid}
 
 
-def plan_steps(peak: float | None, study: str, steps: int = DEFAULTS["steps"], budget_s: float | None = None,
-               **kwargs) -> int:
-    """The training steps of each run that keep the study's estimate (:func:`costs`) within ``budget_s`` (default:
-    :func:`dit_book.track.cell_budget`, a share of the book's time limit for one cell): ``steps``, or fewer on a slow
-    card, a multiple of ``eval_every``, at least one evaluation's worth. ``peak`` None: ``steps``."""
+def plan(peak: float | None, steps: int = DEFAULTS["steps"], eval_every: int = DEFAULTS["eval_every"],
+         fid_samples: int = DEFAULTS["fid_samples"], budget_s: float | None = None, classes: int = 10,
+         **kwargs) -> dict:
+    """Both studies sized together against ONE cell budget ``budget_s`` (default :func:`dit_book.track.cell_budget`),
+    as the chapter runs them in one cell, from the estimate of :func:`costs` on a card of ``peak`` TFLOP/s.
+
+    In this order: the sizes as set, when they fit; else fewer steps, in whole evaluation intervals (at least one);
+    else a smaller plan: one FID at the end, its samples cut to at most half the budget (a multiple of ``classes``)
+    and the steps to the rest (a multiple of 100). Returns ``steps``, ``eval_every``, ``fid_samples``, ``seconds``
+    (the estimate), ``reduced`` and ``note`` (a sentence saying what was cut). ``peak`` None (no card, or one the
+    table does not know): the sizes as set, ``seconds`` None. ``kwargs``: more arguments of :func:`costs`."""
+    def estimate(s, e, f):
+        parts = [costs(peak, name, steps=s, eval_every=e, fid_samples=f, **kwargs) for name in STUDIES]
+        return {k: sum(p[k] for p in parts) for k in ("train", "fid", "total")}
+
+    asked = dict(steps=steps, eval_every=eval_every, fid_samples=fid_samples)
     if not peak:
-        return steps
+        return {**asked, "seconds": None, "reduced": False, "note": "the sizes as set (no estimate for this device)"}
     budget = tracks.cell_budget() if budget_s is None else budget_s
-    every = kwargs.get("eval_every", DEFAULTS["eval_every"])
-    full = costs(peak, study, steps=steps, **kwargs)
+    full = estimate(steps, eval_every, fid_samples)
     if full["total"] <= budget:
-        return steps
+        return {**asked, "seconds": full["total"], "reduced": False,
+                "note": f"the sizes as set: about {full['total'] / 60:.0f} min (estimate)"}
     per_step = full["train"] / steps
-    fits = (budget - full["fid"]) / per_step if per_step > 0 else steps
-    return max(every, int(fits) // every * every)
+    per_sample = full["fid"] / (max(1, steps // eval_every) * fid_samples)  # one sample of every run, one FID
+    for k in range(steps // eval_every - 1, 0, -1):
+        seconds = k * eval_every * per_step + k * fid_samples * per_sample
+        if seconds <= budget:
+            return {"steps": k * eval_every, "eval_every": eval_every, "fid_samples": fid_samples, "seconds": seconds,
+                    "reduced": True, "note": f"{k * eval_every:,} steps a run instead of {steps:,}, to fit one cell "
+                                             f"of the book's time limit on this card: about {seconds / 60:.0f} min "
+                                             "(estimate)"}
+    samples = max(classes, min(fid_samples, int(budget / 2 / per_sample) // classes * classes))
+    unit = 100 if steps >= 100 else 1
+    fit = max(unit, int((budget - samples * per_sample) / per_step) // unit * unit)
+    seconds = fit * per_step + samples * per_sample
+    return {"steps": fit, "eval_every": fit, "fid_samples": samples, "seconds": seconds, "reduced": True,
+            "note": f"a smaller plan, to fit one cell of the book's time limit on this card: {fit:,} steps a run "
+                    f"instead of {steps:,} and one FID of {samples:,} samples at the end instead of "
+                    f"{max(1, steps // eval_every)} of {fid_samples:,}: about {seconds / 60:.0f} min (estimate). "
+                    "Too short to rank the designs; a faster card, or GPU_FIT_CELL = False outside the book build, "
+                    "runs the sizes as set"}
+
+
+def chapter_seconds(peak: float | None) -> float | None:
+    """ESTIMATED seconds of chapter 7c's study cell on a card of ``peak`` TFLOP/s at the chapter's defaults, as
+    :func:`plan` sizes it."""
+    return plan(peak)["seconds"]
 
 
 def reference_statistics(data_dir, image_size: int, inception, device, limit: int | None = None) -> tuple:
@@ -110,58 +145,56 @@ def reference_statistics(data_dir, image_size: int, inception, device, limit: in
     return feature_statistics(inception_features(images, inception, device=device)), len(images)
 
 
-def run_one(study: str, variant: str, work: str | os.PathLike, *, latents_dir, labels, vae, inception, ref_stats,
-            device, seed: int = 0, steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
+def profile_for(device) -> str:
+    """The GPU studies' recipe on ``device``: `imagenette-b2`, or `imagenette-b2-fp16` on a GPU without bf16."""
+    from dit_core.runtime import resolve_precision
+
+    cuda = torch.device(device).type == "cuda"
+    return PROFILE + "-fp16" if cuda and resolve_precision("auto", device) != "bf16" else PROFILE
+
+
+def run_one(study_name: str, variant: str, work: str | os.PathLike, *, latents_dir, labels, vae, inception,
+            ref_stats, device, seed: int = 0, steps: int = DEFAULTS["steps"], batch_size: int = DEFAULTS["batch_size"],
             eval_every: int = DEFAULTS["eval_every"], fid_samples: int = DEFAULTS["fid_samples"],
             fid_steps: int = DEFAULTS["fid_steps"], overrides: dict | None = None, profile: str | None = None,
             image_size: int = 256, progress: bool = True, **variant_kwargs) -> dict:
     """Train ``variant`` on the latents in ``latents_dir`` for ``steps`` and score its EMA model every ``eval_every``
     steps by FID (``fid_samples`` unguided samples of ``labels``, balanced, decoded by ``vae``) against
-    ``ref_stats``. ``profile``: the recipe (default: `imagenette-b2`, or `imagenette-b2-fp16` on a GPU without
-    bf16). Resumes a killed run; returns the record (also ``record.json`` in the run's folder)."""
-    from dit_core.checkpoint import load_dit
-    from dit_core.diffusion import create_diffusion
-    from dit_core.eval.fid import feature_statistics, frechet_distance
-    from dit_core.eval.inception import inception_features
-    from dit_core.runtime import resolve_precision
-    from dit_core.train import make_config, train
+    ``ref_stats`` (:func:`dit_book.study.train_and_score`). ``profile``: the recipe (default :func:`profile_for`).
+    Resumes a killed run; returns the record (also ``record.json`` in the run's folder)."""
+    settings = {**variants(study_name, **variant_kwargs)[variant], **(overrides or {})}
+    out = Path(work) / study_name / variant.replace("/", "-") / f"seed{seed}"
+    cfg = study.study_config(profile or profile_for(device),
+                             {"batch_size": batch_size, "grad_accum": 1, **settings},
+                             data={"latents_path": str(latents_dir), "device": str(device)}, out=out, seed=seed,
+                             max_steps=steps, eval_every=eval_every, progress=progress,
+                             log_every=min(50, eval_every), num_workers=None)
 
-    settings = {**variants(study, **variant_kwargs)[variant], **(overrides or {})}
-    if profile is None:
-        cuda = torch.device(device).type == "cuda"
-        profile = "imagenette-b2-fp16" if cuda and resolve_precision("auto", device) != "bf16" else "imagenette-b2"
-    out = Path(work) / study / variant.replace("/", "-") / f"seed{seed}"
-    if (out / "record.json").is_file():
-        return json.loads((out / "record.json").read_text())
-    cfg = make_config(profile, {
-        "latents_path": str(latents_dir), "out": str(out), "seed": seed, "max_steps": steps, "batch_size": batch_size,
-        "grad_accum": 1, "ckpt_every": eval_every, "keep_every": eval_every, "log_every": min(50, eval_every),
-        "sample_every": 0, "sample_at_end": False, "tensorboard": False, "progress": progress, "resume": "auto",
-        "max_minutes": 0, "device": str(device), **settings})
-    t0 = time.perf_counter()
-    train(cfg)
-    train_seconds = time.perf_counter() - t0
-    diffusion = create_diffusion("", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma)
-    amp = resolve_precision(cfg.mixed_precision, torch.device(device))
-    labels = torch.as_tensor(labels)
-    fid_labels = labels.repeat(-(-fid_samples // len(labels)))[:fid_samples]
-    evals = []
-    for path in sorted((out / "checkpoints").glob("step_*.pt")):
-        model = load_dit(path, device=device)
-        samples, seconds = tracks.sample_uint8(model, diffusion, fid_labels, sampler="ddim", steps=fid_steps,
-                                               cfg_scale=1.0, seed=1000, device=device, amp=amp, vae=vae,
-                                               batch_size=batch_size, progress=False)
-        stats = feature_statistics(inception_features(samples, inception, device=device))
-        evals.append({"step": int(path.stem.split("_")[1]), "frechet_distance": frechet_distance(*stats, *ref_stats),
-                      "class_accuracy": None, "sampling_seconds": seconds})
-        path.unlink()
-    record = {"study": study, "variant": variant, "seed": seed, "settings": settings, "max_steps": steps,
-              "batch_size": batch_size, "eval_every": eval_every, "fid_samples": fid_samples, "fid_steps": fid_steps,
-              **model_facts(settings, image_size), "evals": evals,
-              "train_wall_seconds": train_seconds, "device": str(device),
-              "card": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"}
-    atomic_write_text(out / "record.json", json.dumps(record, indent=1) + "\n")
-    return record
+    def scorer(cfg, seconds):
+        from dit_core.diffusion import create_diffusion
+        from dit_core.eval.fid import feature_statistics, frechet_distance
+        from dit_core.eval.inception import inception_features
+        from dit_core.runtime import resolve_precision
+
+        diffusion = create_diffusion("", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma)
+        amp = resolve_precision(cfg.mixed_precision, torch.device(device))
+        ids = torch.as_tensor(labels)
+        fid_labels = ids.repeat(-(-fid_samples // len(ids)))[:fid_samples]
+
+        def score(model, step):
+            samples, sampling = tracks.sample_uint8(model, diffusion, fid_labels, sampler="ddim", steps=fid_steps,
+                                                    cfg_scale=1.0, seed=1000, device=device, amp=amp, vae=vae,
+                                                    batch_size=batch_size, progress=False)
+            stats = feature_statistics(inception_features(samples, inception, device=device))
+            return {"seconds": seconds.get(step), "frechet_distance": frechet_distance(*stats, *ref_stats),
+                    "class_accuracy": None, "sampling_seconds": sampling}
+
+        card = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+        return score, {**model_facts(settings, image_size), "device": str(device), "card": card}
+
+    return study.train_and_score(out, cfg, scorer, {
+        "study": study_name, "variant": variant, "seed": seed, "settings": settings, "fid_samples": fid_samples,
+        "fid_steps": fid_steps}, device=device)
 
 
 def format_table(records: list[dict]) -> str:
