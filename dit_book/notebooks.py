@@ -6,7 +6,8 @@ book build ask for the same tiny settings through the ``DIT_SMOKE`` environment 
 
 Command line: ``python -m dit_book strip-outputs book/*.ipynb`` clears outputs before a commit;
 ``python -m dit_book add-box book/NN.ipynb`` adds a chapter's "Running this chapter" box, and
-``python -m dit_book timings record|intro|show`` keeps the chapters' run times (:mod:`.timings`).
+``python -m dit_book timings record|intro|show`` keeps the chapters' run times (:mod:`.timings`,
+:mod:`.intro_tables`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
                                    "python -m dit_book timings --help", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "timings":
-        from .timings import main as timings_main
+        from .intro_tables import main as timings_main
 
         return timings_main(rest)
     if rest:

@@ -3,11 +3,12 @@ what they cost there, and what the reader has at the end.
 
 Generated like the chapter table beside it (:mod:`dit_book.timings`) and from the same sources: CPU times measured
 by ``make book`` (``book/_timings.json``); GPU times measured where a GPU has run a chapter on that card, otherwise
-**estimated** the way the chapter table estimates them (:func:`dit_book.track.costs`: the H200's measured speeds
-scaled by the card's dense 16-bit peak, a minute of start-up per GPU-track chapter,
-:data:`dit_book.timings.OTHER_GPU_WORK`, and the CPU time as the bound of chapters without GPU work), here for
-each card of :data:`ROUTES` instead of the table's one. ``python -m dit_book timings intro`` (and so ``make
-book``) rewrites the table between the markers of :data:`BEGIN` and :data:`END`; tests/test_intro.py checks it.
+**estimated** the way the chapter table estimates them (:func:`dit_book.timings.gpu_estimates`: the H200's measured
+speeds scaled by the card's dense 16-bit peak, chapter 7c's studies as :func:`dit_book.findings_gpu.plan` sizes them
+for the card, a minute of start-up per GPU-track chapter, :data:`dit_book.timings.OTHER_GPU_WORK`, and the CPU time
+as the bound of chapters without GPU work), here for each card of :data:`ROUTES` instead of the table's one.
+``python -m dit_book timings intro`` (and so ``make book``) rewrites the table between the markers of :data:`BEGIN`
+and :data:`END` (:mod:`dit_book.intro_tables`); tests/test_intro.py checks it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def chapter_seconds(stem: str, card: str, data: dict) -> tuple[float, bool]:
     measured = timings.gpu_time(stem, data)
     if measured.measured and short(card).lower() in measured.source.lower():
         return measured.seconds, True
-    costs = track.costs(track.card_peak(card))
+    costs = timings.gpu_estimates(track.card_peak(card))
     if stem in costs:
         return costs[stem] + timings.START_UP_S, False
     if stem in timings.OTHER_GPU_WORK:
@@ -82,7 +83,7 @@ def _gpu_cells(route: Route, stems: list[str], data: dict, first: bool) -> tuple
     from dit_core.train import make_config
 
     cfg = make_config("imagenette-b2")
-    costs = track.costs(track.card_peak(route.cards[0]))
+    costs = timings.gpu_estimates(track.card_peak(route.cards[0]))
     heavy = [s for s in stems if costs.get(s, 0.0) > 60.0]
     totals, per_chapter, steps, fid = [], {s: [] for s in heavy}, [], []
     estimated = False
@@ -100,7 +101,7 @@ def _gpu_cells(route: Route, stems: list[str], data: dict, first: bool) -> tuple
     time = f"{' / '.join(totals)} min ({'estimate' if estimated else 'measured'}: {split})"
     nxt = "next: " + ", ".join(f"`{p}`" for p in route.next_profiles)
     if first:
-        gpu_track = ", ".join(s.split("_")[0] for s in track.costs(1.0))
+        gpu_track = ", ".join(s.split("_")[0] for s in stems if s in costs)
         chapters = f"all {len(stems)}; {gpu_track} take the GPU track"
         end = (f"Imagenette latents; a {cfg.model} after {track.DEFAULTS['train_minutes']:.0f} minutes ({_both(steps)} "
                f"steps, estimate), longer at each re-run; its FID beside the official DiT-XL/2's ({_both(fid)} "

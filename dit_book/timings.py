@@ -6,14 +6,16 @@
   the "Execution times of this build" table at the end of the introduction). Right after the build,
   ``python -m dit_book timings record --since T`` reads the times of the notebooks executed after ``T`` (the
   build's start) and writes them into ``book/_timings.json``, each with its date, commit and machine, then rewrites
-  the time columns of the introduction's chapter table from that file (:func:`update_intro`). Commit both files:
-  the next build's boxes and table show them. A build on a machine with a CUDA GPU records GPU times instead.
+  the time columns of the introduction's chapter table from that file (:func:`render_intro`; the command and the
+  route table beside it are :mod:`dit_book.intro_tables`). Commit both files: the next build's boxes and table
+  show them. A build on a machine with a CUDA GPU records GPU times instead.
 * **GPU time, measured or estimated.** In this order: a ``make book`` on a GPU machine (the file's ``gpu``
   entries); a record of ``benchmarks/gpu_track.sh`` (``benchmarks/results/*-gpu-track.json``: the GPU track at
   full size with stand-ins for the downloads, its training and FID sampling extrapolated to the chapter's
-  defaults); otherwise an **estimate** (:func:`gpu_time`): :func:`dit_book.track.costs` on a 24 GB card
-  (an RTX 4090: the H200's measured speeds scaled by the card's bf16 peak) plus a minute of start-up for the
-  GPU-track chapters, the measured CPU time as an upper bound for chapters without GPU work.
+  defaults); otherwise an **estimate** (:func:`gpu_time`): :func:`gpu_estimates` on a 24 GB card (an RTX 4090:
+  the H200's measured speeds scaled by the card's bf16 peak, :func:`dit_book.track.costs`, and for chapter 7c
+  :func:`dit_book.findings_gpu.plan`) plus a minute of start-up for the GPU-track chapters, the measured CPU time
+  as an upper bound for chapters without GPU work.
 * :func:`chapter_box` renders the box (a code cell tagged ``remove-input`` right after each chapter's title:
   ``python -m dit_book add-box book/NN_name.ipynb`` inserts it); the tests check that the boxes and the
   introduction say what the file says (tests/test_intro.py, tests/test_hygiene.py).
@@ -43,13 +45,12 @@ ESTIMATE_CARD = "NVIDIA GeForce RTX 4090"
 #: Added to the estimated GPU work of a GPU-track chapter: kernel start, imports, building models, the CPU-side
 #: cells. An allowance, not a measurement.
 START_UP_S = 60.0
-#: Chapters with GPU work that :func:`dit_book.track.costs` does not cover: (seconds, what it is), estimates.
+#: Chapters with GPU work that :func:`gpu_estimates` does not cover: (seconds, what it is), estimates.
 OTHER_GPU_WORK = {
     "06_memory_and_speed": (300.0, "DiT-XL/2 measured on the card, compilation included"),
-    # dit_book.findings_gpu.costs on an RTX 4090 at the chapter's defaults (1,402 s), plus a minute of start-up
-    "07c_paper_findings": (1462.0, "the block designs and the scaling grid on Imagenette latents with FID "
-                                   "(`dit_book.findings_gpu.costs`), plus a minute of start-up"),
 }
+#: What each chapter's GPU estimate comes from, where it is not :func:`dit_book.track.costs`.
+ESTIMATED_BY = {"07c_paper_findings": "`dit_book.findings_gpu.plan`: its two studies sized together to fit one cell"}
 #: What comes on top of a chapter's GPU time (downloads), or what most of it is. The chapter that trains on the
 #: GPU track (the one :func:`dit_book.track.costs` gives the training budget) gets :func:`training_note`.
 GPU_NOTES = {
@@ -213,6 +214,15 @@ def gpu_track_records(results: str | os.PathLike = RESULTS) -> list[dict]:
     return sorted(records, key=lambda r: r.get("date", ""), reverse=True)
 
 
+def gpu_estimates(peak: float) -> dict[str, float]:
+    """ESTIMATED GPU seconds of each GPU-track chapter on a card of ``peak`` TFLOP/s (start-up and downloads not
+    included): :func:`dit_book.track.costs`, and chapter 7c's study cell as :func:`dit_book.findings_gpu.plan` sizes
+    it for that card."""
+    from . import findings_gpu, track
+
+    return {**track.costs(peak), "07c_paper_findings": findings_gpu.chapter_seconds(peak)}
+
+
 def gpu_time(stem: str, data: dict | None = None, results: str | os.PathLike = RESULTS) -> GpuTime:
     """A chapter's time on one GPU: measured by ``make book`` on a GPU machine, else measured by
     ``benchmarks/gpu_track.sh``, else estimated (see the module docstring)."""
@@ -231,13 +241,13 @@ def gpu_time(stem: str, data: dict | None = None, results: str | os.PathLike = R
                            f"measured on an {rec['gpu']} by `benchmarks/gpu_track.sh` on {rec.get('date', '?')} "
                            f"(stand-ins of the downloads' sizes; training and FID sampling extrapolated to the "
                            f"chapter's defaults; `benchmarks/results/{rec['file']}`)", note)
-    peak = track.card_peak(ESTIMATE_CARD)
-    costs = track.costs(peak)
+    costs = gpu_estimates(track.card_peak(ESTIMATE_CARD))
     card = ESTIMATE_CARD.replace("NVIDIA GeForce ", "")
     if stem in costs:
+        how = ESTIMATED_BY.get(stem, "`dit_book.track.costs`")
         return GpuTime(costs[stem] + START_UP_S, False,
                        f"an estimate for an {card} (24 GB): the H200's measured speeds scaled by the card's bf16 peak "
-                       f"(`dit_book.track.costs`), plus a minute of start-up", note)
+                       f"({how}), plus a minute of start-up", note)
     if stem in OTHER_GPU_WORK:
         seconds, what = OTHER_GPU_WORK[stem]
         return GpuTime(seconds, False, f"an estimate for an {card} (24 GB): {what}", note)
@@ -378,44 +388,3 @@ def render_intro(text: str, data: dict | None = None) -> str:
             cpu, gpu = intro_total(stems, data)
             lines[i] = f"|{m.group('head')} {cpu} | {gpu} |"
     return head + sep + "\n".join(lines) + nxt + tail
-
-
-def update_intro(path: str | os.PathLike = INTRO, data: dict | None = None) -> bool:
-    """Rewrite the time cells of the introduction's chapter table, and its route table (:mod:`dit_book.routes`),
-    from the timings file; True if it changed."""
-    from .routes import render_routes
-
-    path = Path(path)
-    before = path.read_text()
-    after = render_routes(render_intro(before, data), data)
-    if after != before:
-        path.write_text(after)
-    return after != before
-
-
-def main(argv=None) -> int:
-    import argparse
-    import time
-
-    parser = argparse.ArgumentParser(prog="python -m dit_book timings",
-                                     description="Chapter run times: record a build's, rewrite the intro's table.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="after `make book`: the build's execution times into book/_timings.json")
-    rec.add_argument("--build-dir", default="_build")
-    rec.add_argument("--since", type=float, default=None, help="Unix time the build started (older runs are kept)")
-    sub.add_parser("intro", help="rewrite the time columns of book/intro.md's chapter table from the file")
-    sub.add_parser("show", help="print the box of every chapter")
-    args = parser.parse_args(argv)
-    if args.command == "record":
-        recorded = record(args.build_dir, args.since)
-        if not recorded:
-            print(f"timings: the build in {args.build_dir} executed no notebook after "
-                  f"{time.ctime(args.since) if args.since else 'its start'}; {TIMINGS.name} unchanged")
-        for stem, seconds in recorded.items():
-            print(f"timings: {stem:<28} {format_seconds(seconds)}")
-    if args.command in ("record", "intro"):
-        print(f"timings: {INTRO.relative_to(REPO_ROOT)} {'updated' if update_intro() else 'already up to date'}")
-    if args.command == "show":
-        for stem in sorted(load().get("chapters", {})):
-            print(f"{stem}: {chapter_box(stem)!r}\n")
-    return 0

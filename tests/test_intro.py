@@ -281,3 +281,46 @@ def test_the_routes_agree_with_the_chapter_table():
         "how": "`make book`"}}}}
     assert routes.chapter_seconds("07_sampling", "NVIDIA H100 SXM", measured) == (600.0, True)
     assert routes.chapter_seconds("07_sampling", "NVIDIA A100", measured)[1] is False
+
+
+def test_chapter_7c_is_on_the_gpu_track_priced_per_card():
+    """7c's time on each card of the routes is its study cell as dit_book.findings_gpu.plan sizes it for that card
+    (both studies against one cell budget), plus the start-up allowance; the route table names it on the GPU track
+    and gives its time on each card."""
+    from dit_book import findings_gpu, track
+
+    data = timings.load(TIMINGS)
+    text = routes.table(_chapters(), data)
+    assert "07c take the GPU track" in text
+    for route in routes.ROUTES:
+        for card in route.cards:
+            seconds, measured = routes.chapter_seconds("07c_paper_findings", card, data)
+            plan = findings_gpu.plan(track.card_peak(card))
+            if not measured:
+                assert seconds == pytest.approx(plan["seconds"] + timings.START_UP_S)
+            assert plan["seconds"] <= track.cell_budget()
+    smallest = routes.ROUTES[1].cards[0]
+    assert f"07c ~{routes.chapter_seconds('07c_paper_findings', smallest, data)[0] / 60:.0f})" in text.splitlines()[3]
+    est = timings.gpu_time("07c_paper_findings", {"chapters": {}})
+    assert "findings_gpu.plan" in est.source
+
+
+def test_routes_and_timings_import_each_other_in_one_direction_only():
+    """routes reads timings; timings never imports routes (nor the module that joins them), so there is no circle."""
+    import ast
+    from pathlib import Path
+
+    def imported(module):
+        tree = ast.parse(Path(module.__file__).read_text())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names |= {node.module or ""} | {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+        return {n.rsplit(".", 1)[-1] for n in names}
+
+    from dit_book import intro_tables
+
+    assert "timings" in imported(routes) and not {"routes", "intro_tables"} & imported(timings)
+    assert "intro_tables" not in imported(routes) and {"routes", "timings"} <= imported(intro_tables)
