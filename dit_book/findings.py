@@ -491,6 +491,52 @@ def beside_the_paper(paper_designs: list[dict], designs: list[dict], paper_scali
     return "\n".join(lines)
 
 
+def format_correlations(rows: list[dict]) -> str:
+    """:func:`correlations` at every scored step, as a Markdown table (a row per measure, a column per step)."""
+    steps = [p["step"] for p in rows[0]["fd"]]
+    cs = [correlations(rows, s) for s in steps]
+    names = (("Pearson r (log Gflops, log FD)", "pearson_log_gflops_log_fd"), ("Spearman (Gflops, FD)",
+             "spearman_gflops_fd"), ("Pearson r (log Gflops, accuracy)", "pearson_log_gflops_accuracy"))
+    lines = ["| step | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    lines += [f"| {name} | " + " | ".join(f"{c[key]:+.2f}" for c in cs) + " |" for name, key in names]
+    return "\n".join(lines)
+
+
+def leads(rows: list[dict], variant: str, key: str = "accuracy") -> int | None:
+    """The first scored step from which ``variant`` has the best median ``key`` at every later step (None: it
+    does not keep the lead to the end)."""
+    steps = [p["step"] for p in rows[0][key]]
+    first = None
+    for s in steps:
+        if ordering(rows, key, s)[0] == variant:
+            first = s if first is None else first
+        else:
+            first = None
+    return first
+
+
+#: The record files of the two studies (``benchmarks/results``): the block designs, their cross-attention rerun
+#: (both variants, with :func:`conditioning`), the scaling grid.
+RECORD_FILES = {"blocks": "paper-findings-blocks.json", "cross-attention": "paper-findings-blocks-cross-attention.json",
+                "scaling": "paper-findings-scaling.json"}
+
+
+def record_tables(results: str | os.PathLike) -> dict[str, str]:
+    """The tables ``benchmarks/results/paper-findings.md`` shows, rendered from its JSON records: ``blocks`` (the
+    four designs as the record ran them), ``cross-attention`` (the rerun of both variants), ``conditioning``,
+    ``scaling``, ``correlations`` and ``paper`` (:func:`beside_the_paper`)."""
+    from . import paper
+
+    data = {k: load_records(Path(results) / name) for k, name in RECORD_FILES.items()}
+    blocks, cross, scaling = (summarize_curves(data[k]["runs"]) for k in ("blocks", "cross-attention", "scaling"))
+    designs = blocks + [r for r in cross if r["variant"] == "cross-attention"]  # the normalised one from the rerun
+    return {"blocks": format_blocks_table(blocks, steps=[200, 400, 600, 800]),
+            "cross-attention": format_blocks_table(cross, steps=[200, 400, 600, 800]),
+            "conditioning": format_conditioning_table(cross),
+            "scaling": format_scaling_table(scaling), "correlations": format_correlations(scaling),
+            "paper": beside_the_paper(paper.design_rows(), designs, paper.scaling_rows(), scaling)}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Plots
 # ----------------------------------------------------------------------------------------------------------

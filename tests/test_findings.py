@@ -199,3 +199,19 @@ def test_the_gpu_plan_cuts_in_order():
     assert findings_gpu.plan(None) == {"steps": 2000, "eval_every": 1000, "fid_samples": 1000, "seconds": None,
                                        "reduced": False, "note": "the sizes as set (no estimate for this device)"}
     assert findings_gpu.chapter_seconds(fast) == findings_gpu.plan(fast)["seconds"]
+
+
+def test_the_record_shows_its_json():
+    """benchmarks/results/paper-findings.md's tables are its JSON records rendered by findings.record_tables (the
+    scaling runs under today's size names, the first block-design runs' cross-attention as cross-attention-raw), and
+    the figures it states in words are the JSON's."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    text = (results / "paper-findings.md").read_text()
+    tables = findings.record_tables(results)
+    for name, table in tables.items():
+        assert table in text, f"paper-findings.md: its {name} table is not its JSON's; paste findings.record_tables()"
+    blocks = findings.summarize_curves(study.load_records(results / findings.RECORD_FILES["blocks"])["runs"])
+    assert findings.leads(blocks, "adaln-zero", "accuracy") == 600 and findings.leads(blocks, "adaln-zero", "fd") == 400
+    assert "highest median accuracy from step 600 on" in " ".join(text.split())
