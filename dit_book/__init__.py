@@ -15,7 +15,10 @@
 - :mod:`.recorded`: a recorded run's grid and figures, where a chapter at its defaults does not train it;
 - :mod:`.track`, :mod:`.gpu_box`: the GPU track's cells, and what they show on a build without a GPU;
 - :mod:`.exercises`: the checkers of the "implement it" exercises;
-- :mod:`.my_dit`: the reader's DiT as chapter 3's solutions write it, which chapter 5 trains;
+- :mod:`.reader`: the reader's own code: the ``%%answer`` cells of the implement-it exercises, checked and saved,
+  and the assembly of what a later chapter runs (the book's solution where the reader wrote none);
+- :mod:`.my_dit`, :mod:`.my_diffusion`: the book's solutions of those exercises (chapters 3, 4, 5 and 7);
+- :mod:`.your_dit`: the reader's DiT, trained by their step, saved, sampled with their sampler and published;
 - :mod:`.browser`: chapter 7's live sampler, the digits model sampled in the reader's browser (ONNX Runtime Web);
 - :mod:`.converging`, :mod:`.convergence`: the helpers and the study of chapter "Converging faster";
 - :mod:`.findings`, :mod:`.findings_gpu`: chapter 7c's studies of the paper's block designs and scaling (``python -m

@@ -44,7 +44,7 @@ def ddim_step(x_t, eps, alpha_bar_t, alpha_bar_prev):
     return math.sqrt(alpha_bar_prev) * x0_hat + math.sqrt(1 - alpha_bar_prev) * eps
 
 
-# Chapter 5, exercise 1: the training step with the hybrid loss
+# Chapter 5, section 5.2: the training step with the hybrid loss
 def training_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout=0.1):
     t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)    # a step for every image,
     noise = torch.randn(x0.shape, generator=g)                                  # its noise,
@@ -69,7 +69,7 @@ def training_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout
     return loss.detach()
 
 
-# Chapter 5, exercise 6: the training step of a fixed-variance DiT, with chapter 4's L_simple
+# Chapter 5, exercise 5: the training step of a fixed-variance DiT, with chapter 4's L_simple
 def simple_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout=0.1):
     t = torch.randint(0, diffusion.num_timesteps, (len(x0),), generator=g)
     noise = torch.randn(x0.shape, generator=g)
@@ -85,7 +85,7 @@ def simple_step(model, ema, opt, diffusion, x0, y, g, ema_decay, label_dropout=0
     return loss.detach()
 
 
-# Chapter 5, exercise 5: Muon's Newton-Schulz iteration
+# Chapter 5, exercise 4: Muon's Newton-Schulz iteration
 def newton_schulz(g, steps=5, a=3.4445, b=-4.7750, c=2.0315):
     x = g / g.norm()                     # singular values now at most 1
     for _ in range(steps):
@@ -94,7 +94,7 @@ def newton_schulz(g, steps=5, a=3.4445, b=-4.7750, c=2.0315):
     return x
 
 
-# Chapter 7, exercise 4: classifier-free guidance from two passes
+# Chapter 7, section 7.7: classifier-free guidance from two passes
 def guided_fn(model, cfg_scale):
     def model_fn(x, t, y):
         cond = model(x, t, y)

@@ -385,8 +385,9 @@ def solution(part: str, cell: str, user_ns: dict, *, out=print) -> str:
     verdict = judge(part, ns)
     if verdict.verdict != "passed":
         raise AssertionError(f"the book's solution of {part} does not pass its check: {verdict.message}")
-    out(f"the book's solution: {verdict.message}")
-    return verdict.message
+    message = verdict.message
+    out("the book's " + message[len("your "):] if message.startswith("your ") else f"the book's solution: {message}")
+    return message
 
 
 def register(ipython=None) -> bool:

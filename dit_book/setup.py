@@ -302,10 +302,20 @@ def digits(count: int | None = None, start: int = 0) -> tuple[torch.Tensor, torc
     return images, torch.tensor(data.target[start:end])
 
 
+def _reader(r: Resolved) -> Path:
+    """``READER_DIR``, the folder of the reader's own code (:mod:`dit_book.reader`), and its cell magics
+    ``%%answer`` and ``%%solution``, added to the running IPython (outside IPython nothing is added)."""
+    from . import reader
+
+    reader.register()
+    return Path(r.get("READER_DIR"))
+
+
 def model(params: Mapping[str, Any]) -> Resolved:
     """Chapter 03. ``DEVICE="auto"``: the first CUDA GPU when there is one, else the CPU (the chapter reads
     ``DEVICE`` itself, so its resolved name is a change); a smoke run times the attention backends on DiT-S/4 at
-    64 px, batch 2, once. Returns ``device``."""
+    64 px, batch 2, once. Adds the ``%%answer`` and ``%%solution`` magics of exercises 4 to 9. Returns ``device``
+    and ``reader_dir``."""
     r, smoke = _start("03_model", params)
     device = _device(r, write=True)
     r.need("BENCH_MODEL", "BENCH_IMAGE_SIZE", "BENCH_BATCH", "BENCH_REPEATS")
@@ -313,13 +323,14 @@ def model(params: Mapping[str, Any]) -> Resolved:
         r.smoke_sizes(BENCH_MODEL="DiT-S/4", BENCH_IMAGE_SIZE=64, BENCH_BATCH=2, BENCH_REPEATS=1)
     r.set_threads()
     r.manual_seed(0)
-    return _attrs(r, device=device)
+    return _attrs(r, device=device, reader_dir=_reader(r))
 
 
 def diffusion(params: Mapping[str, Any]) -> Resolved:
-    """Chapter 04. A smoke run uses 50 digits, 4 samples, two samplers and 10 DPM-Solver++ steps. Returns the
-    digits: ``points``, ``labels`` (the first ``NUM_POINTS``, which the exact denoiser knows) and ``held_out``
-    (200 real digits after them, which it never sees)."""
+    """Chapter 04. A smoke run uses 50 digits, 4 samples, two samplers and 10 DPM-Solver++ steps. Adds the
+    exercises' ``%%answer`` and ``%%solution`` magics. Returns the digits: ``points``, ``labels`` (the first
+    ``NUM_POINTS``, which the exact denoiser knows) and ``held_out`` (200 real digits after them, which it never
+    sees), and ``reader_dir``."""
     r, smoke = _start("04_diffusion", params)
     r.need("NUM_POINTS", "NUM_SAMPLES", "SAMPLERS", "DPM_STEPS")
     if smoke:
@@ -328,13 +339,14 @@ def diffusion(params: Mapping[str, Any]) -> Resolved:
     r.manual_seed(0)
     points, labels = digits(r.get("NUM_POINTS"))
     held_out, _ = digits(200, start=r.get("NUM_POINTS"))
-    return _attrs(r, points=points, labels=labels, held_out=held_out)
+    return _attrs(r, points=points, labels=labels, held_out=held_out, reader_dir=_reader(r))
 
 
 def training(params: Mapping[str, Any]) -> Resolved:
     """Chapter 05. A smoke run trains the tiny DiT for 20 steps in ``<OUT_DIR>/smoke_run`` and the reader's DiT
-    for 30. Returns the digits (``x_all``, ``y_all``), :data:`TINY` (``tiny``) and ``out_dir``, whose ``demo``
-    folder, for the small demonstrations, starts empty."""
+    for 30. Adds the exercises' ``%%answer`` and ``%%solution`` magics. Returns the digits (``x_all``, ``y_all``),
+    :data:`TINY` (``tiny``), ``out_dir``, whose ``demo`` folder, for the small demonstrations, starts empty, and
+    ``reader_dir``."""
     r, smoke = _start("05_training", params)
     out_dir, my_steps = r.need("OUT_DIR", "MY_DIT_STEPS")
     r.need("RUN_DIR", "MAX_STEPS", "SAMPLE_EVERY", "EVAL_PER_CLASS")
@@ -345,7 +357,7 @@ def training(params: Mapping[str, Any]) -> Resolved:
     out = Path(out_dir)
     r.clear(out / "demo")
     x_all, y_all = digits()
-    return _attrs(r, out_dir=out, tiny=dict(TINY), x_all=x_all, y_all=y_all)
+    return _attrs(r, out_dir=out, tiny=dict(TINY), x_all=x_all, y_all=y_all, reader_dir=_reader(r))
 
 
 # ------------------------------------------------------------------------------------------------ 05b
@@ -410,9 +422,11 @@ def memory_and_speed(params: Mapping[str, Any]) -> Resolved:
 def sampling(params: Mapping[str, Any]) -> Resolved:
     """Chapter 07. A smoke run trains a 30-step digits model and samples a few images at few steps; on the GPU track
     it makes stand-ins for every download (a made-up archive, a tiny VAE, a tiny DiT in the official format, random
-    Inception weights) and computes FIDs of 10 samples. Returns ``track``, ``download``, ``data_dir``,
-    ``latents_dir``, ``device``, ``amp`` (the autocast precision), ``out_dir`` (created), ``gpu_image_size`` and
-    ``calibration_steps``."""
+    Inception weights) and computes FIDs of 10 samples; the reader's DiT, when chapter 5 has not trained it, trains
+    for 30 steps. Adds the ``%%answer`` and ``%%solution`` magics of the guidance exercise. Returns ``track``,
+    ``download``, ``data_dir``, ``latents_dir``, ``device``, ``amp`` (the autocast precision), ``out_dir``
+    (created), ``gpu_image_size``, ``calibration_steps``, ``reader_dir`` and ``digits`` (the images and labels the
+    reader's DiT trains on when chapter 5's is missing)."""
     from dit_core.runtime import resolve_precision
 
     r, smoke = _start("07_sampling", params)
@@ -420,7 +434,7 @@ def sampling(params: Mapping[str, Any]) -> Resolved:
     if smoke:  # tiny settings: a 30-step model, a few images, two sweep points
         r.smoke_sizes(RUN_DIR=out_dir + "/smoke_run", TRAIN_STEPS=30, PER_CLASS=2, SWEEP_PER_CLASS=1, STEPS=5,
                       ANIMATION_STEPS=5, CFG_SWEEP=[1.0, 4.0], STEP_SWEEP=[2, 5],
-                      SWEEP_SAMPLERS=["ddim", "dpm-solver++"])
+                      SWEEP_SAMPLERS=["ddim", "dpm-solver++"], MY_DIT_STEPS=min(r.get("MY_DIT_STEPS"), 30))
     r.set_threads()
     track, download = _gpu_route(r, smoke)
     data_dir, latents_dir = _gpu_paths(r, smoke)
@@ -435,7 +449,7 @@ def sampling(params: Mapping[str, Any]) -> Resolved:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return _attrs(r, track=track, download=download, data_dir=data_dir, latents_dir=latents_dir, device=device,
-                  amp=amp, out_dir=out, **_gpu_sizes(smoke))
+                  amp=amp, out_dir=out, **_gpu_sizes(smoke), reader_dir=_reader(r), digits=digits())
 
 
 def converging(params: Mapping[str, Any]) -> Resolved:

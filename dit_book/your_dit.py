@@ -149,8 +149,8 @@ def ensure(folder, yours, x, y, *, steps: int, progress: bool = True) -> tuple[P
         return path, f"your DiT from {path} (chapter 5 trained it)"
     trained = train(yours, x, y, steps=steps, progress=progress)
     save(path, trained)
-    return path, (f"no {path} (chapter 5 writes it): your DiT trained here, {steps} steps of your training step in "
-                  f"{trained.seconds:.0f} s, and saved there")
+    return path, (f"no {path} (chapter 5 writes it): your DiT trained here, {steps} steps in {trained.seconds:.0f} s "
+                  "with the training step the line above names, and saved there")
 
 
 def _ddim(process, steps: int):
@@ -194,10 +194,14 @@ def publish(model, path, *, title: str = "Your DiT, live", intro: str = "", runt
     """One HTML file at ``path`` that samples ``model`` (the reader's) in a browser, opened from disk, without a
     kernel: its ONNX export (the reader's own classes, rebuilt as ``dit_core``'s DiT from :func:`config`), the
     sampling tables of the digits' schedule and ONNX Runtime Web, inlined (:func:`dit_book.browser.write_standalone`;
-    the runtime comes from ``make vendor``). Returns the :class:`~dit_book.browser.LiveSampler` (for the book's page)
-    and the file's path."""
-    from .browser import live_sampler, write_standalone
+    the runtime comes from ``make vendor``). Returns the :class:`~dit_book.browser.LiveSampler` (for the book's page,
+    which links to the file) and the file's path, or None with the reason when ONNX Runtime Web is not there."""
+    from .browser import live_sampler, runtime_folder, write_standalone
 
     widget = live_sampler(model, diffusion(model.learn_sigma), name=name, config=config(), cfg_scale=cfg_scale,
                           steps=steps, note="Your DiT, trained by your own code.")
-    return widget, write_standalone(widget, path, runtime=runtime, title=title, intro=intro)
+    try:
+        runtime = runtime_folder(runtime)
+    except FileNotFoundError as err:
+        return widget, None, str(err)
+    return widget, write_standalone(widget, path, runtime=runtime, title=title, intro=intro), ""

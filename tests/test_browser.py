@@ -492,3 +492,35 @@ def test_live_sampler_is_dit_core_from_the_same_noise(server, browser, live_mode
     expected = generate(model, diffusion, labels[:4], sampler="ddpm", steps=ddpm_steps, cfg_scale=1.5, seed=11)
     diff = (torch.tensor(ddpm).reshape(expected.shape) - expected).abs().max().item()
     assert diff < LIVE_TOLERANCE, f"DDPM from seed 11: the page differs from generate by {diff:.2e}"
+
+
+#: The reader's DiT of chapter 7's section 7.7: embedded like the digits model, and a page of its own (one HTML file,
+#: runtime and model inlined) that the build writes beside the model and the chapter links to (book/_ext/book_html.py).
+YOUR_MODEL = HTML_DIR / "_static" / "dit-live" / "your-dit.js"
+YOUR_PAGE = HTML_DIR / "_static" / "dit-live" / "your-dit.html"
+
+
+def test_your_dits_own_page_opens_from_disk_and_samples(browser):
+    """The chapter links to the reader's page; opened from disk (file://, the page alone), it samples the reader's
+    model as generate(...) does with the same seed."""
+    import torch
+
+    from dit_book.browser import read_built_model
+    from dit_core.sample import generate
+
+    if not YOUR_PAGE.is_file():
+        _missing(f"no page of the reader's DiT at {YOUR_PAGE}: chapter 7 writes it when the book is built")
+    assert 'href="../_static/dit-live/your-dit.html"' in (HTML_DIR / LIVE_PAGE).read_text(), "the chapter's link"
+    model, diffusion, bundle = read_built_model(YOUR_MODEL)
+    log = PageLog("file://")
+    context, page = _open_live_page(browser, YOUR_PAGE.as_uri(), log)
+    steps = int(min(bundle["tables"]["ddim"], key=int))
+    try:
+        result = page.evaluate("o => window.ditLive.sample('your-dit', o).then(r => Array.from(r.x))",
+                               dict(labels=[2, 5, 8], cfgScale=2.0, sampler="ddim", steps=steps, seed=4))
+    finally:
+        context.close()
+    assert not _problems(log), "; ".join(_problems(log))
+    expected = generate(model, diffusion, [2, 5, 8], sampler="ddim", steps=steps, cfg_scale=2.0, seed=4)
+    diff = (torch.tensor(result).reshape(expected.shape) - expected).abs().max().item()
+    assert diff < LIVE_TOLERANCE, f"the reader's page differs from generate by {diff:.2e}"

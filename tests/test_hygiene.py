@@ -145,8 +145,9 @@ def test_every_citation_has_a_bibliography_entry():
 #: Every chapter of _toc.yml (a notebook) starts and ends the same way:
 #: * its title alone in the first cell, then the "Running this chapter" box: a code cell tagged ``remove-input`` that
 #:   calls ``chapter_box("<its own stem>")`` (``python -m dit_book add-box book/NN.ipynb`` inserts it);
-#: * near the end "## What to remember" with 3 to 6 points, then "## Exercises": at least three, each
-#:   ``**Exercise N ...**`` followed by its solution in a dropdown admonition (hidden behind a toggle in the HTML),
+#: * near the end "## What to remember" with 3 to 6 points, then "## Exercises" (its cell and the markdown cells up
+#:   to Next): at least three, each ``**Exercise N ...**`` followed by its solution in a dropdown admonition (hidden
+#:   behind a toggle in the HTML),
 #:   at least one marked "(predict, then measure)": it changes code or a parameter and predicts a measured outcome;
 #: * and last "## Next".
 EXERCISE = re.compile(r"^\*\*Exercise (\d+)(?: \(([^)]*)\))?\.\*\*", re.M)
@@ -206,7 +207,9 @@ def test_chapter_ends_with_remember_exercises_and_next(notebook):
     points = re.findall(r"^[*-] ", _section(nb.cells[remember[0]].source, "## What to remember"), re.M)
     assert 3 <= len(points) <= 6, f"{notebook.name}: 'What to remember' has {len(points)} points; keep 3 to 6"
 
-    text = nb.cells[exercises[0]].source
+    # the "## Exercises" cell and the markdown cells after it, up to "## Next": an implement-it exercise may have a
+    # cell of its own, followed by the cell to write in and its folded solution
+    text = "\n\n".join(c.source for c in nb.cells[exercises[0]:nxt[0]] if c.cell_type == "markdown")
     found = EXERCISE.findall(text)
     numbers = [int(n) for n, _ in found]
     assert len(found) >= 3, f"{notebook.name}: {len(found)} exercises; at least three (**Exercise N.** ...)"

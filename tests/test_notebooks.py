@@ -173,3 +173,36 @@ def test_harness_reports_the_failing_cell(tmp_path, python3_kernel):
     nb = _make_notebook(tmp_path / "97_broken.ipynb", "SMOKE = False", "raise RuntimeError('boom in cell 2')")
     with pytest.raises(papermill.PapermillExecutionError, match="boom in cell 2"):
         run_notebook(nb, tmp_path / "work", {"SMOKE": True}, python3_kernel)
+
+
+# ------------------------------------------------------------------------------------- the reader's own code
+#: A reader's q_sample, right and written otherwise than the book's (a float32 table, indexed, then shaped).
+READERS_Q_SAMPLE = '''
+def q_sample(x0, t, noise, alpha_bar):
+    root, rest = alpha_bar.sqrt().float(), (1 - alpha_bar).sqrt().float()
+    return root[t].view(-1, 1, 1, 1) * x0 + rest[t].view(-1, 1, 1, 1) * noise
+'''
+
+
+def test_chapter_5_trains_what_a_reader_wrote(tmp_path, python3_kernel):
+    """A reader's files in READER_DIR before chapter 5 runs (its smoke run): their parts are what trains, the
+    chapter says so, and the checkpoint it saves for chapter 7 records whose each part was."""
+    from dit_book import reader
+
+    folder = tmp_path / "outputs" / "reader"  # READER_DIR, "../outputs/reader" from the kernel's book/
+    folder.mkdir(parents=True)
+    reader.path_of(folder, "q_sample").write_text(READERS_Q_SAMPLE)
+    reader.path_of(folder, "training_step").write_text(reader.book_source("training_step"))
+    reader.path_of(folder, "dit_block").write_text(  # a slip: the MLP branch without its gate
+        reader.book_source("dit_block").replace("gate2[:, None] * self.mlp", "self.mlp"))
+    notebook = BOOK_DIR / "05_training.ipynb"
+    out, _ = run_notebook(notebook, tmp_path, smoke_parameters(notebook), python3_kernel, suffix="reader")
+    cells = {c.get("id"): c for c in nbformat.read(out, as_version=4).cells}
+    said = "".join(o.get("text", "") for o in cells["minloop-code"].outputs if o.get("output_type") == "stream")
+    assert "yours: q_sample, training step;" in said, said[:400]
+    assert "the book's solution (fails its check): adaLN-Zero block" in said
+    import torch
+
+    saved = torch.load(folder / "your_dit.pt", weights_only=True)["config"]["yours"]["parts"]
+    assert saved["q_sample"] == saved["training_step"] == "yours"
+    assert saved["dit_block"] == "the book's (fails its check)" and saved["dit"] == "the book's (not written)"

@@ -111,7 +111,7 @@ def test_the_solution_magic_binds_nothing_and_checks_the_books_code(tmp_path):
     said, ns = [], {"READER_DIR": str(tmp_path), "q_sample": "the reader's", "unrelated": 1}
     reader.solution("simple_loss", reader.book_source("simple_loss"), ns, out=said.append)
     assert ns == {"READER_DIR": str(tmp_path), "q_sample": "the reader's", "unrelated": 1}
-    assert said[0].startswith("the book's solution: your L_simple matches")
+    assert said[0].startswith("the book's L_simple matches")
     with pytest.raises(AssertionError, match="the book's solution of q_sample does not pass"):
         reader.solution("q_sample", MINE.replace("[t]", "[t - 1]"), ns, out=said.append)
 

@@ -79,7 +79,7 @@ def test_ensure_reuses_chapter_5s_checkpoint_and_trains_one_when_missing(trained
     x, y = digits(128)
     made, said = your_dit.ensure(tmp_path, yours, x, y, steps=3, progress=False)
     assert made == tmp_path / your_dit.CHECKPOINT and made.is_file()
-    assert said.startswith(f"no {made} (chapter 5 writes it): your DiT trained here, 3 steps of your training step")
+    assert said.startswith(f"no {made} (chapter 5 writes it): your DiT trained here, 3 steps in ")
 
 
 def test_the_readers_classes_export_to_onnx_and_rebuild_as_dit_core(trained):
@@ -117,8 +117,18 @@ def page(trained):
         _missing(str(err))
     folder, yours, _, path = trained
     mine, _ = your_dit.load(path, yours)
-    widget, file = your_dit.publish(mine, folder / "your-dit.html", intro="<p>trained by the tests</p>")
+    widget, file, missing = your_dit.publish(mine, folder / "your-dit.html", intro="<p>trained by the tests</p>")
+    assert file and not missing
     return widget, file, mine
+
+
+def test_without_the_runtime_the_page_is_not_written_and_says_why(trained, tmp_path):
+    pytest.importorskip("onnx")
+    folder, yours, _, path = trained
+    mine, _ = your_dit.load(path, yours)
+    widget, file, missing = your_dit.publish(mine, tmp_path / "page.html", runtime=tmp_path / "nowhere")
+    assert file is None and "make vendor" in missing and not (tmp_path / "page.html").exists()
+    assert widget.page is None and 'data-dit-live="your-dit"' in widget._repr_html_()  # the book still embeds it
 
 
 def test_the_page_is_one_file_that_asks_for_nothing(page):
