@@ -491,6 +491,45 @@ def beside_the_paper(paper_designs: list[dict], designs: list[dict], paper_scali
     return "\n".join(lines)
 
 
+def format_design_costs(counted: list[dict], unit: str = "G", paper_designs: dict | None = None) -> str:
+    """Rows of :func:`dit_core.measure.flops.design_table` as a Markdown table: each design's forward multiply-adds
+    (``unit`` "G": Gflops, "M": Mflops), its overhead over adaLN-Zero, tokens and parameters; with
+    ``paper_designs`` (:data:`dit_book.paper.DESIGNS`) Table 4's Gflops, parameters and FID-50K beside them."""
+    scale = {"G": 1.0, "M": 1e3}[unit]
+    head = f"| design | {unit}flops (counted) | over adaLN-Zero | tokens | params (counted) |"
+    rule = "|---|---|---|---|---|"
+    if paper_designs:
+        head += " Gflops (Table 4) | params (Table 4) | FID-50K at 400K (Table 4) |"
+        rule += "---|---|---|"
+    lines = [head, rule]
+    for r in counted:
+        line = (f"| {r['block']} | {r['gmacs'] * scale:.2f} | {r['overhead']:+.1%} | {r['tokens']} | "
+                f"{r['params'] / 1e6:.2f} M |")
+        if paper_designs:
+            g, m, fid = paper_designs[r["block"]]
+            line += f" {g:.2f} | {m} M | {fid:.2f} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def format_paper_scaling(paper_rows: list[dict], counted: bool = True) -> str:
+    """Table 4's twelve configurations (:func:`dit_book.paper.scaling_rows`) as a Markdown table: Gflops, parameters
+    and FID-50K at 400K steps, and (``counted``) the same model's multiply-adds and parameters as
+    :mod:`dit_core.measure.flops` counts them."""
+    from dit_core.measure.flops import count_params, forward_macs, meta_model
+
+    lines = ["| model | Gflops | params | FID-50K at 400K |" + (" Gflops (counted) | params (counted) |" if counted
+                                                                   else ""),
+             "|---|---|---|---|" + ("---|---|" if counted else "")]
+    for r in paper_rows:
+        line = f"| {r['variant']} | {r['gflops']:.2f} | {r['params'] / 1e6:.0f} M | {r['final_fd']['median']:.2f} |"
+        if counted:
+            model = meta_model(r["variant"])
+            line += f" {forward_macs(model) / 1e9:.2f} | {count_params(model) / 1e6:.1f} M |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def format_correlations(rows: list[dict]) -> str:
     """:func:`correlations` at every scored step, as a Markdown table (a row per measure, a column per step)."""
     steps = [p["step"] for p in rows[0]["fd"]]
@@ -542,13 +581,15 @@ def record_tables(results: str | os.PathLike) -> dict[str, str]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def plot_curves(records: list[dict], ax=None, x: str = "step", labels: dict | None = None):
-    """FD and class accuracy against ``x`` ("step" or "compute": the training compute) per variant
-    (:func:`dit_book.study.plot_curves`): the median over seeds, the range shaded. Returns the figure."""
+def plot_curves(records: list[dict], ax=None, x: str = "step", labels: dict | None = None,
+                keys=("frechet_distance", "class_accuracy")):
+    """FD and class accuracy (or any other figures of the scores, ``keys``, e.g. :func:`conditioning`'s) against
+    ``x`` ("step" or "compute": the training compute) per variant (:func:`dit_book.study.plot_curves`): the median
+    over seeds, the range shaded. Returns the figure."""
     def compute(runs, step):
         return training_compute(runs[0]["gflops"], runs[0]["batch_size"], step)
 
-    return study.plot_curves(records, group="variant", x=x, ax=ax, xvalue=compute, labels=labels)
+    return study.plot_curves(records, group="variant", x=x, keys=keys, ax=ax, xvalue=compute, labels=labels)
 
 
 def plot_gflops(rows: list[dict], ax=None, ylabel: str = "final FD"):

@@ -124,9 +124,27 @@ def plan(peak: float | None, steps: int = DEFAULTS["steps"], eval_every: int = D
     return {"steps": fit, "eval_every": fit, "fid_samples": samples, "seconds": seconds, "reduced": True,
             "note": f"a smaller plan, to fit one cell of the book's time limit on this card: {fit:,} steps a run "
                     f"instead of {steps:,} and one FID of {samples:,} samples at the end instead of "
-                    f"{max(1, steps // eval_every)} of {fid_samples:,}: about {seconds / 60:.0f} min (estimate). "
-                    "Too short to rank the designs; a faster card, or GPU_FIT_CELL = False outside the book build, "
-                    "runs the sizes as set"}
+                    f"{max(1, steps // eval_every)} of {fid_samples:,}: about {seconds / 60:.0f} min (estimate); "
+                    "GPU_FIT_CELL = False runs the sizes as set (outside the book's build, which stops a cell at "
+                    "its time limit)"}
+
+
+def format_plans(cards, **sizes) -> str:
+    """What :func:`plan` makes of ``sizes`` on each of ``cards`` (names as torch reports them), as a Markdown table:
+    both studies' estimate at the sizes as set, and the plan of the chapter's one cell with its estimate."""
+    lines = ["| card | both studies as set (estimate) | the cell's plan | its estimate |", "|---|---|---|---|"]
+    budget_kw = {k: v for k, v in sizes.items() if k in ("steps", "eval_every", "fid_samples")}
+    for card in cards:
+        peak = tracks.card_peak(card)
+        if peak is None:
+            lines.append(f"| {card} | - | the sizes as set (no peak known for this card) | - |")
+            continue
+        full = sum(costs(peak, name, **sizes)["total"] for name in STUDIES)
+        p = plan(peak, **budget_kw, **{k: v for k, v in sizes.items() if k not in budget_kw})
+        what = "as set" if not p["reduced"] else (f"{p['steps']:,} steps, FID every {p['eval_every']:,} of "
+                                                  f"{p['fid_samples']:,} samples")
+        lines.append(f"| {card.replace('NVIDIA ', '')} | ~{full / 60:.0f} min | {what} | ~{p['seconds'] / 60:.0f} min |")
+    return "\n".join(lines)
 
 
 def chapter_seconds(peak: float | None) -> float | None:

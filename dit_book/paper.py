@@ -47,7 +47,8 @@ DESIGNS = {
     "adaln-zero": (118.64, 675, 19.47),
 }
 
-#: The paper's sentences the chapter quotes (Sec. 3.2, Sec. 5 and the captions of Figs. 5, 8 and 9), verbatim.
+#: The paper's words the chapter quotes (Sec. 3.2, Sec. 5 and the captions of Figs. 5, 8 and 9), verbatim: whole
+#: sentences, or the part of one that the chapter quotes.
 QUOTES = {
     "fig5": "adaLN-Zero outperforms cross-attention and in-context conditioning at all stages of training.",
     "half": "At 400K training iterations, the FID achieved with the adaLN-Zero model is nearly half that of the "
@@ -57,16 +58,14 @@ QUOTES = {
     "cross_cost": "Cross-attention adds the most Gflops to the model, roughly a 15% overhead.",
     "cross_block": "We concatenate the embeddings of t and c into a length-two sequence, separate from the image "
                    "token sequence.",
-    "scaling": "In all cases, we find that increasing model size and decreasing patch size yields considerably "
-               "improved diffusion models.",
-    "similar": "The results demonstrate that different DiT configs obtain similar FID values when their total Gflops "
-               "are similar (e.g., DiT-S/2 and DiT-B/4).",
-    "correlation": "We find a strong negative correlation between model Gflops and FID-50K, suggesting that "
-                   "additional model compute is the critical ingredient for improved DiT models.",
+    "scaling": "increasing model size and decreasing patch size yields considerably improved diffusion models",
+    "similar": "different DiT configs obtain similar FID values when their total Gflops are similar (e.g., DiT-S/2 "
+               "and DiT-B/4)",
+    "correlation": "a strong negative correlation between model Gflops and FID-50K",
     "params": "The results of Figure 6 suggest that parameter counts do not uniquely determine the quality of a DiT "
               "model.",
-    "compute": "We find that small DiT models, even when trained longer, eventually become compute-inefficient "
-               "relative to larger DiT models trained for fewer steps.",
+    "compute": "small DiT models, even when trained longer, eventually become compute-inefficient relative to "
+               "larger DiT models trained for fewer steps",
     "xl4": "For example, XL/4 is outperformed by XL/2 after roughly 10^10 Gflops.",
     "training_compute": "We estimate training compute as model Gflops · batch size · training steps · 3, where the "
                         "factor of 3 roughly approximates the backwards pass as being twice as compute-heavy as the "

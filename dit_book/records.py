@@ -288,6 +288,29 @@ QUOTES = (
     Quote("book/07b_converging_faster.ipynb", "90.0 % and 90.7 % of 150 samples in the requested class against 93.3 % "
           "and 95.3 % for the velocity", "small-images-recipe.md",
           "90.0 / 87.7 % and 90.7 / 88.3 % (seeds 0 / 1) against 93.3 / 90.3 % and 95.3 / 89.7 %"),
+    Quote("book/07c_paper_findings.ipynb", "FD 1.30 and 76.5 % of samples in their class at 800 steps",
+          "paper-findings.md", "1.30 and 76.5 % for cross-attention with its context normalised"),
+    Quote("book/07c_paper_findings.ipynb", "against 3.90 and 46.5 % unnormalised on the same machine",
+          "paper-findings.md", "FD 3.90 against 4.48, accuracy 46.5 against 43.0 %"),
+    Quote("book/07c_paper_findings.ipynb", "84 % of samples in their class at 800 steps, against 78 % for in-context "
+          "and 60.5 % for adaLN", "paper-findings.md", "84 % [84, 88.5] of samples in their class, against 1.23 and "
+          "78 % for in-context, 1.32 and 60.5 % for adaLN"),
+    Quote("book/07c_paper_findings.ipynb", "Its final FD, 0.59, lies below the real floor (0.67)", "paper-findings.md",
+          "Its final FD, 0.59, lies below the real floor (0.67)"),
+    Quote("book/07c_paper_findings.ipynb", "adaLN-Zero leads by the median accuracy from step 600", "paper-findings.md",
+          "the highest median accuracy from step 600 on"),
+    Quote("book/07c_paper_findings.ipynb", "(at step 300, 35 % against 14 %)", "paper-findings.md",
+          "(at step 300 35.0 % [26.0, 42.0] against adaLN-Zero's 14.0 % [14.0, 20.0])"),
+    Quote("book/07c_paper_findings.ipynb", "d2w64/2 draws the right digit 12.5 % of the time", "paper-findings.md",
+          "(d2w64/2 at 12.5 % accuracy)"),
+    Quote("book/07c_paper_findings.ipynb", "d2w64/2 7.07 against d3w96/4 1.45 at 1.1x the Gflops", "paper-findings.md",
+          "| d2w64/2 | 16 | 1.73 | 0.18 M | 199 | 7.07 [6.93, 7.18]"),
+    Quote("book/07c_paper_findings.ipynb", "$r = -0.62$ between log Gflops and log FD at the last step",
+          "paper-findings.md", "(r = -0.62 at 600 steps, and positive before step 300, against Table 4's -0.94)"),
+    Quote("book/07c_paper_findings.ipynb", "(d4w128/4, 352 Gflop, against 2,288 for d3w96/1)", "paper-findings.md",
+          "reaches FD 1.0 for the least training compute (352 Gflop against 2,288 for d3w96/1)"),
+    Quote("book/07c_paper_findings.ipynb", "three seeds, 101 minutes of CPU in all", "paper-findings.md",
+          "6,075 s (101 minutes) in all"),
 )
 
 

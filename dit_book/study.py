@@ -316,7 +316,8 @@ def plot_curves(records: list[dict], group: str = "variant", x: str = "step", ke
         _, ax = plt.subplots(1, len(keys), figsize=(12, 3.8))
     ax = list(np.atleast_1d(ax))
     fig = ax[0].figure
-    names = {"frechet_distance": "FD (the judge's features)", "class_accuracy": "class accuracy"}
+    names = {"frechet_distance": "FD (the judge's features)", "class_accuracy": "class accuracy",
+             "class_effect": "the class's effect on the prediction"}
     groups = list(dict.fromkeys(r[group] for r in records))
     for i, name in enumerate(groups):
         runs = [r for r in records if r[group] == name and r["evals"]]

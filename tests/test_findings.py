@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,23 @@ def test_the_record_shows_its_json():
     blocks = findings.summarize_curves(study.load_records(results / findings.RECORD_FILES["blocks"])["runs"])
     assert findings.leads(blocks, "adaln-zero", "accuracy") == 600 and findings.leads(blocks, "adaln-zero", "fd") == 400
     assert "highest median accuracy from step 600 on" in " ".join(text.split())
+
+
+def test_chapter_7c_quotes_table_4_as_the_data_holds_it():
+    """The paper's numbers in chapter 7c's prose are dit_book.paper's (Table 4), and its quotations are the paper's
+    sentences as paper.QUOTES holds them."""
+    from dit_book.records import prose
+
+    text = prose(Path(__file__).resolve().parents[1] / "book" / "07c_paper_findings.ipynb")
+    d, s = paper.DESIGNS, paper.SCALING
+    assert (f"in-context {d['in-context'][2]:.2f}, cross-attention {d['cross-attention'][2]:.2f}, adaLN "
+            f"{d['adaln'][2]:.2f}, adaLN-Zero {d['adaln-zero'][2]:.2f}") in text
+    assert f"DiT-S/2 ({s['DiT-S/2'][0]:.2f} Gflops) and DiT-B/4 ({s['DiT-B/4'][0]:.2f}) end at {s['DiT-S/2'][2]:.2f} " \
+           f"and {s['DiT-B/4'][2]:.2f}" in text
+    assert f"DiT-L/8 ({s['DiT-L/8'][0]:.2f}) beside DiT-B/4, ends at {s['DiT-L/8'][2]:.2f} against " \
+           f"{s['DiT-B/4'][2]:.2f}" in text
+    for key in ("fig5", "half", "scaling", "similar", "correlation", "compute"):  # quoted whole, or their start
+        assert paper.QUOTES[key][:80] in text, key
+    assert "XL/4 is outperformed by XL/2 after roughly $10^{10}$ Gflops" in text
+    assert "Figure 5 of the paper" in text and "gives curves, not a table" not in text
+    assert "whatever mix of size and patch" not in text and "leaves aside" not in text
