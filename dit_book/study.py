@@ -331,7 +331,7 @@ def plot_curves(records: list[dict], group: str = "variant", x: str = "step", ke
                                    for r in runs])["median"] for s in steps])
         else:
             xs = np.array([xvalue(runs, s) for s in steps], dtype=float)
-        style = dict(color=f"C{i}", lw=1.6, marker="o", ms=3, **((styles or {}).get(name, {})))
+        style = {"color": f"C{i}", "lw": 1.6, "marker": "o", "ms": 3, **(styles or {}).get(name, {})}
         for a, key in zip(ax, keys):
             pts = curve(runs, key)
             a.plot(xs, [p["median"] for p in pts], label=(labels or {}).get(name, name), **style)

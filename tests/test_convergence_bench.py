@@ -172,3 +172,16 @@ def test_a_terminated_benchmark_stops_its_workers_and_they_save(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_the_curves_plot_with_each_studys_styles():
+    """Chapter 07b's curves (DiT's recipe thicker, combinations dashed) and chapter 7c's through one plot function."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    records = RECORDS + [dict(record("flow+repa", 0, [0.9, 0.97, 0.98, 0.99], [5, 2, 1.5, 1.1]))]
+    fig = conv.plot_curves(records, x="seconds")
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")}
+    assert lines["dit"].get_linewidth() == 2.2 and lines["flow"].get_linewidth() == 1.4
+    assert lines["flow+repa"].get_linestyle() == "--" and fig.axes[1].get_yscale() == "log"
+    assert list(lines["dit"].get_xdata()) == [100.0, 200.0, 300.0, 400.0]  # the seeds' median training seconds
