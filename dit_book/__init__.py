@@ -11,6 +11,7 @@
   times that ``make book`` records in ``book/_timings.json``;
 - :mod:`.records`: the profile table of the README and the introduction, from ``benchmarks/results``;
 - :mod:`.routes`: the introduction's route by hardware, from the same sources as its chapter table;
+  :mod:`.intro_tables` rewrites both tables (``python -m dit_book timings intro``);
 - :mod:`.setup`: each chapter's setup in one call (track, device, smoke sizes, stand-ins for downloads);
 - :mod:`.recorded`: a recorded run's grid and figures, where a chapter at its defaults does not train it;
 - :mod:`.track`, :mod:`.gpu_box`: the GPU track's cells, and what they show on a build without a GPU;
@@ -20,9 +21,11 @@
 - :mod:`.my_dit`, :mod:`.my_diffusion`: the book's solutions of those exercises (chapters 3, 4, 5 and 7);
 - :mod:`.your_dit`: the reader's DiT, trained by their step, saved, sampled with their sampler and published;
 - :mod:`.browser`: chapter 7's live sampler, the digits model sampled in the reader's browser (ONNX Runtime Web);
+- :mod:`.study`: the studies' one train-and-score skeleton and the reading of their records;
 - :mod:`.converging`, :mod:`.convergence`: the helpers and the study of chapter "Converging faster";
 - :mod:`.findings`, :mod:`.findings_gpu`: chapter 7c's studies of the paper's block designs and scaling (``python -m
-  dit_book.findings``), on the digits and on the GPU track's Imagenette latents.
+  dit_book.findings``), on the digits and on the GPU track's Imagenette latents; :mod:`.paper`: the paper's
+  Table 4 as data, read by the same code.
 
 Nothing in :mod:`dit_core` imports this package: the library trains, samples and measures without the book.
 
