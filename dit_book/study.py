@@ -262,8 +262,8 @@ def environment() -> dict:
 # Reading records
 # ----------------------------------------------------------------------------------------------------------
 
-#: Variant names of the committed records and what they are called now. The digits' scaling grid named its three
-#: sizes S, B and L, which read as DiT's much larger configurations; they are named by depth and width.
+#: Variant names in committed records, and the names the code gives them. The scaling grid's record calls its three
+#: sizes S, B and L, which read as DiT's much larger configurations; the code names them by depth and width.
 RENAMED = {"S": "d2w64", "B": "d3w96", "L": "d4w128"}
 
 
@@ -275,8 +275,8 @@ def current_name(variant: str) -> str:
 
 def load_records(path: str | os.PathLike) -> dict:
     """A study's results file (``runs``, ``settings``, ``environment``, ...), its runs' variant names read as today's
-    (:func:`current_name`); the file's ``labels`` (``{old name: name}``, for runs of a design whose name now means
-    something else) relabel its runs too."""
+    (:func:`current_name`); the file's ``labels`` (``{name in the file: name}``, for runs of a design whose name the
+    code gives to another) relabel its runs too."""
     data = json.loads(Path(path).read_text())
     labels = data.get("labels", {})
     for run in data.get("runs", []):
