@@ -138,9 +138,9 @@ class Resolved:
         groups: dict[str, list[str]] = {}
         for name, value in self.changes.items():
             groups.setdefault(self.reasons[name], []).append(f"{name} {_show(self._params[name])} -> {_show(value)}")
+        for name, value in self.resolved.items():  # an "auto" the chapter reads through an attribute
+            groups.setdefault(AUTO, []).append(f"{name} = {_show(value)}")
         parts = [f"{why}: {', '.join(items)}" for why, items in groups.items()]
-        if self.resolved:
-            parts.append(f"{AUTO}: " + ", ".join(f"{n} = {_show(v)}" for n, v in self.resolved.items()))
         if self.cleared:
             parts.append("cleared " + ", ".join(self.cleared))
         torch_parts = ([f"{self.threads} CPU thread{'s' if self.threads != 1 else ''}"] if self.threads else []) + \
