@@ -406,13 +406,13 @@ def _press_sample(page, digit: int, sampler: str, steps: int, scale: float, seed
                            timeout=LIVE_TIMEOUT_MS)
     return page.evaluate("""() => {
       const r = window.ditLive.last.digits;
-      const painted = Array.from(document.querySelectorAll('div.dit-live canvas')).filter(c => {
+      const root = document.querySelector('div.dit-live');  // the first sampler of the page, the one pressed
+      const painted = Array.from(root.querySelectorAll('canvas')).filter(c => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         return d.some((v, i) => i % 4 === 3 && v > 0);
       }).length;
-      return {state: document.querySelector('div.dit-live').dataset.state, painted,
-              canvases: document.querySelectorAll('div.dit-live canvas').length,
-              status: document.querySelector('div.dit-live .dit-live-status').textContent,
+      return {state: root.dataset.state, painted, canvases: root.querySelectorAll('canvas').length,
+              status: root.querySelector('.dit-live-status').textContent,
               x: r ? Array.from(r.x) : null, labels: r ? r.labels : null, steps: r ? r.steps : null};
     }""")
 
