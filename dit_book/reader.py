@@ -339,6 +339,12 @@ def load(folder=None, parts=None, *, quiet: bool = False) -> Yours:
 
 
 # ------------------------------------------------------------------------------------------------ the magics
+#: Why a name the notebook knows is unknown in an ``%%answer`` cell.
+_NAME_HINT = ("{err}: an %%answer cell runs on its own, as its saved file will in a later chapter. It sees the "
+              "imports of the book's solutions (torch, nn, math, ...), your earlier parts, and what it defines itself, "
+              "not the names of other cells: define or import the name in this cell.")
+
+
 def answer(part: str, cell: str, user_ns: dict, *, out=print) -> Verdict:
     """What ``%%answer part`` does with a cell (see the module docstring); returns the checker's verdict."""
     p = _part(part)
@@ -347,6 +353,9 @@ def answer(part: str, cell: str, user_ns: dict, *, out=print) -> Verdict:
     source = header(part) + cell  # the header stands where the %%answer line is: line numbers are the cell's
     try:
         _exec_part(source, str(path_of(folder, part)), ns)
+    except NameError as err:
+        out(_NAME_HINT.format(err=err))
+        raise
     finally:
         user_ns.update({name: ns[name] for name in p.names if name in ns})
     verdict = judge(part, ns)
@@ -368,6 +377,8 @@ def answer(part: str, cell: str, user_ns: dict, *, out=print) -> Verdict:
     out(f"{p.title}: {verdict.message}")
     out(f"saved in {path}, but it does not pass its check yet: the book's solution stands in for it until it does")
     if verdict.error is not None:
+        if isinstance(verdict.error, NameError):
+            out(_NAME_HINT.format(err=verdict.error))
         raise verdict.error
     return verdict
 

@@ -78,6 +78,21 @@ def test_an_error_in_the_readers_code_is_raised_with_its_own_lines(tmp_path):
     assert json.loads((tmp_path / reader.CHECKS).read_text())["q_sample"]["verdict"] == "failed"
 
 
+def test_a_name_from_another_cell_is_explained(tmp_path):
+    """A name the notebook defines elsewhere is not seen in an %%answer cell (its file must run on its own later):
+    the NameError says so, whether it comes up when the cell runs or when the checker calls the code."""
+    said = []
+    at_run = "SCALE = HELPER_SCALE\n" + MINE
+    with pytest.raises(NameError, match="HELPER_SCALE"):
+        reader.answer("q_sample", at_run, {"READER_DIR": str(tmp_path), "HELPER_SCALE": 1.0}, out=said.append)
+    assert "an %%answer cell runs on its own" in said[-1] and "not the names of other cells" in said[-1]
+    said.clear()
+    at_call = MINE.replace("root = alpha_bar.sqrt()", "root = my_sqrt(alpha_bar)")
+    with pytest.raises(NameError, match="my_sqrt"):
+        reader.answer("q_sample", at_call, {"READER_DIR": str(tmp_path), "my_sqrt": None}, out=said.append)
+    assert "define or import the name in this cell" in said[-1]
+
+
 def test_a_file_put_in_place_by_hand_is_checked_when_loaded(tmp_path):
     reader.path_of(tmp_path, "q_sample").write_text(MINE)
     reader.path_of(tmp_path, "dit_block").write_text(  # the MLP branch without its gate: caught, not used
