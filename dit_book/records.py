@@ -306,7 +306,8 @@ QUOTES = (
     Quote("book/07c_paper_findings.ipynb", "d2w64/2 7.07 against d3w96/4 1.45 at 1.1x the Gflops", "paper-findings.md",
           "| d2w64/2 | 16 | 1.73 | 0.18 M | 199 | 7.07 [6.93, 7.18]"),
     Quote("book/07c_paper_findings.ipynb", "$r = -0.62$ between log Gflops and log FD at the last step",
-          "paper-findings.md", "(r = -0.62 at 600 steps, and positive before step 300, against Table 4's -0.94)"),
+          "paper-findings.md", "(r = -0.62 at 600 steps, and positive before step 300, against -0.94 computed from "
+          "Table 4)"),
     Quote("book/07c_paper_findings.ipynb", "(d4w128/4, 352 Gflop, against 2,288 for d3w96/1)", "paper-findings.md",
           "reaches FD 1.0 for the least training compute (352 Gflop against 2,288 for d3w96/1)"),
     Quote("book/07c_paper_findings.ipynb", "three seeds, 101 minutes of CPU in all", "paper-findings.md",

@@ -16,8 +16,8 @@ scored (the digits' judge, or FID); the rest is here:
 * :func:`model_facts`: the one count of a variant's parameters, forward multiply-adds (the paper's Gflops) and
   tokens, on the meta device;
 * :func:`run_jobs`: several runs at a time, one thread each, stopped together by ``kill``;
-* reading records: :func:`load_records` (older variant names read as today's, :data:`RENAMED`), :func:`spread`
-  and :func:`curve` (median [min, max] over seeds), :func:`plot_curves`.
+* reading records: :func:`load_records` (a record's variant names read as the code names them,
+  :data:`RECORD_SIZE_NAMES`), :func:`spread` and :func:`curve` (median [min, max] over seeds), :func:`plot_curves`.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def train_and_score(out: str | os.PathLike, cfg, scorer, record: dict, *, quiet:
             contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext():
         summary = train(cfg)
     train_cpu = time.process_time() - cpu0
-    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record now would be partial
+    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record at this point would be partial
         raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
                                 f"{summary.get('steps')}; run the study again to resume this run")
     # building the model and the data (and with REPA on pixels fitting the teacher): once per run
@@ -262,29 +262,30 @@ def environment() -> dict:
 # Reading records
 # ----------------------------------------------------------------------------------------------------------
 
-#: Variant names in committed records, and the names the code gives them. The scaling grid's record calls its three
-#: sizes S, B and L, which read as DiT's much larger configurations; the code names them by depth and width.
-RENAMED = {"S": "d2w64", "B": "d3w96", "L": "d4w128"}
+#: The scaling grid's sizes as its committed record names them (S, B, L, which read as DiT's much larger
+#: configurations), and as the code names them, by depth and width.
+RECORD_SIZE_NAMES = {"S": "d2w64", "B": "d3w96", "L": "d4w128"}
 
 
-def current_name(variant: str) -> str:
-    """A variant's name today: ``"S/4"`` (a committed record's) -> ``"d2w64/4"``; other names unchanged."""
+def code_name(variant: str) -> str:
+    """The code's name of a variant a record names: ``"S/4"`` -> ``"d2w64/4"`` (:data:`RECORD_SIZE_NAMES`); other
+    names unchanged."""
     size, sep, patch = variant.partition("/")
-    return f"{RENAMED[size]}/{patch}" if sep and size in RENAMED else variant
+    return f"{RECORD_SIZE_NAMES[size]}/{patch}" if sep and size in RECORD_SIZE_NAMES else variant
 
 
 def load_records(path: str | os.PathLike) -> dict:
-    """A study's results file (``runs``, ``settings``, ``environment``, ...), its runs' variant names read as today's
-    (:func:`current_name`); the file's ``labels`` (``{name in the file: name}``, for runs of a design whose name the
-    code gives to another) relabel its runs too."""
+    """A study's results file (``runs``, ``settings``, ``environment``, ...), its runs' variant names read as the code
+    names them (:func:`code_name`); the file's ``labels`` (``{name in the file: name}``, for runs of a design whose
+    name the code gives to another) relabel its runs too."""
     data = json.loads(Path(path).read_text())
     labels = data.get("labels", {})
     for run in data.get("runs", []):
         if "variant" in run:
-            run["variant"] = labels.get(run["variant"], current_name(run["variant"]))
+            run["variant"] = labels.get(run["variant"], code_name(run["variant"]))
     variants = data.get("settings", {}).get("variants")
     if isinstance(variants, dict):
-        data["settings"]["variants"] = {labels.get(v, current_name(v)): s for v, s in variants.items()}
+        data["settings"]["variants"] = {labels.get(v, code_name(v)): s for v, s in variants.items()}
     return data
 
 

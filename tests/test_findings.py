@@ -99,8 +99,9 @@ def test_correlations_and_trade_offs():
 
 
 def test_table_4_read_by_the_same_code():
-    """The paper's Table 4 through the digits' analysis: its correlation over the twelve models is the -0.94 the
-    paper's Figure 8 shows; equal-Gflops pairs land together except where a patch-8 model is one of them."""
+    """The paper's Table 4 through the digits' analysis. The paper prints no coefficient (its Figure 8: "a strong
+    negative correlation"); computed from Table 4's twelve models, Pearson's r of log Gflops and log FID is -0.94.
+    Equal-Gflops pairs land together except where a patch-8 model is one of them."""
     rows = paper.scaling_rows()
     assert len(rows) == 12 and {r["variant"] for r in rows} == set(paper.SCALING)
     c = findings.correlations(rows)
@@ -111,7 +112,7 @@ def test_table_4_read_by_the_same_code():
     eights = [p for p in pairs.values() if "/8" in p["a"] + p["b"]]
     assert eights and all(p["larger_patch_worse"] and p["fd_ratio"] > 1.2 for p in eights)
     assert all(p["fd_ratio"] < 1.06 for p in pairs.values() if p not in eights)
-    assert pairs[("DiT-B/4", "DiT-L/8")]["fd"][1]["median"] == 118.87  # the chapter's L/8-B/4 pair: apart
+    assert pairs[("DiT-B/4", "DiT-L/8")]["fd"][1]["median"] == 118.87  # another equal-Gflops pair: apart
     checks = findings.scaling_checks(rows)
     assert checks["larger_model"] and checks["smaller_patch"]  # Figure 6, at 400K steps
     assert findings.ordering(paper.design_rows()) == ["adaln-zero", "adaln", "cross-attention", "in-context"]
@@ -143,11 +144,12 @@ def test_beside_the_paper_reads_both_through_one_table():
     assert "d3w96/4, " in table.splitlines()[-1]  # the least compute to FD 1.5
 
 
-def test_committed_records_load_with_todays_names(tmp_path):
-    """The scaling record names its sizes S, B, L; read, they are d2w64, d3w96, d4w128, and the tables are the same
-    figures under the new names. A file's labels relabel a design whose name now means something else."""
-    assert study.current_name("S/4") == "d2w64/4" and study.current_name("L/1") == "d4w128/1"
-    assert study.current_name("adaln-zero") == "adaln-zero" and study.current_name("DiT-S/2") == "DiT-S/2"
+def test_committed_records_load_under_the_codes_names(tmp_path):
+    """The committed scaling record names its sizes S, B, L; the code names them d2w64, d3w96, d4w128 and reads the
+    record under those names, the same figures. A file's labels give its runs of a design the name the code gives
+    that design (the record's unnormalised cross-attention runs are cross-attention-raw)."""
+    assert study.code_name("S/4") == "d2w64/4" and study.code_name("L/1") == "d4w128/1"
+    assert study.code_name("adaln-zero") == "adaln-zero" and study.code_name("DiT-S/2") == "DiT-S/2"
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"labels": {"cross-attention": "cross-attention-raw"},
                                 "settings": {"variants": {"S/2": {}, "cross-attention": {}}},
@@ -204,7 +206,7 @@ def test_the_gpu_plan_cuts_in_order():
 
 def test_the_record_shows_its_json():
     """benchmarks/results/paper-findings.md's tables are its JSON records rendered by findings.record_tables (the
-    scaling runs under today's size names, the first block-design runs' cross-attention as cross-attention-raw), and
+    scaling runs under the code's size names, the block-design runs' cross-attention as cross-attention-raw), and
     the figures it states in words are the JSON's."""
     from pathlib import Path
 
@@ -229,10 +231,33 @@ def test_chapter_7c_quotes_table_4_as_the_data_holds_it():
             f"{d['adaln'][2]:.2f}, adaLN-Zero {d['adaln-zero'][2]:.2f}") in text
     assert f"DiT-S/2 ({s['DiT-S/2'][0]:.2f} Gflops) and DiT-B/4 ({s['DiT-B/4'][0]:.2f}) end at {s['DiT-S/2'][2]:.2f} " \
            f"and {s['DiT-B/4'][2]:.2f}" in text
-    assert f"DiT-L/8 ({s['DiT-L/8'][0]:.2f}) beside DiT-B/4, ends at {s['DiT-L/8'][2]:.2f} against " \
-           f"{s['DiT-B/4'][2]:.2f}" in text
+    assert f"Another pair of about equal Gflops, DiT-L/8 ({s['DiT-L/8'][0]:.2f}) and DiT-B/4, ends at " \
+           f"{s['DiT-L/8'][2]:.2f} against {s['DiT-B/4'][2]:.2f}" in text
     for key in ("fig5", "half", "scaling", "similar", "correlation", "compute"):  # quoted whole, or their start
         assert paper.QUOTES[key][:80] in text, key
     assert "XL/4 is outperformed by XL/2 after roughly $10^{10}$ Gflops" in text
     assert "Figure 5 of the paper" in text and "gives curves, not a table" not in text
     assert "whatever mix of size and patch" not in text and "leaves aside" not in text
+
+
+def test_the_papers_own_example_is_the_papers():
+    """Chapter 7c and the record call DiT-S/2 and DiT-B/4 the paper's own example (its words: "e.g., DiT-S/2 and
+    DiT-B/4") and name DiT-L/8 and DiT-B/4 as another pair of about equal Gflops, with Table 4's figures."""
+    import re
+
+    from dit_book.records import prose
+
+    root = Path(__file__).resolve().parents[1]
+    assert "(e.g., DiT-S/2 and DiT-B/4)" in paper.QUOTES["similar"]
+    s = paper.SCALING
+    for path in (root / "book" / "07c_paper_findings.ipynb", root / "benchmarks" / "results" / "paper-findings.md"):
+        text = prose(path)
+        examples = [m.end() for m in re.finditer(r"own example", text)]
+        assert examples, f"{path.name}: names the paper's own example"
+        for end in examples:
+            models = re.findall(r"DiT-\w+/\d", text[end:end + 80])
+            assert models[:2] == ["DiT-S/2", "DiT-B/4"], f"{path.name}: the paper's own example is {models[:2]}"
+        assert re.search(r"another pair of about equal Gflops, DiT-L/8 \(" + f"{s['DiT-L/8'][0]:.2f}" + r"\) and "
+                         r"DiT-B/4.{0,20}, ends at " + f"{s['DiT-L/8'][2]:.2f} against {s['DiT-B/4'][2]:.2f}",
+                         text, re.I), path.name
+        assert "chapter's other pair" not in text, path.name
