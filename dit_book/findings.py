@@ -434,6 +434,27 @@ def chance_apart(n_a: int = 3, n_b: int = 3) -> float:
     return 2.0 / math.comb(n_a + n_b, n_a)
 
 
+def clear_of_report(rows: list[dict], variant: str = "adaln-zero", label: str = "adaLN-Zero") -> list[str]:
+    """The order of ``rows`` (:func:`summarize_curves`) by the median FD at each scored step, and the variants whose
+    range of FD over the seeds ``variant``'s stays clear of (:func:`separated`), a line per step; then how many such
+    comparisons were made, how many would come out clear by chance alone if no variant differed
+    (:func:`chance_apart` of each pair's seeds), and the step from which ``variant`` leads by the median accuracy
+    (:func:`leads`). ``label``: how the lines name ``variant``."""
+    by_name = {r["variant"]: r for r in rows}
+    lines, comparisons, by_chance = [], 0, 0.0
+    for step in [p["step"] for p in by_name[variant]["fd"]]:
+        at = {v: next(p for p in r["fd"] if p["step"] == step) for v, r in by_name.items()}
+        others = [v for v in by_name if v != variant]
+        clear = [v for v in others if separated(at[variant], at[v])]
+        comparisons += len(others)
+        by_chance += sum(chance_apart(at[variant]["seeds"], at[v]["seeds"]) for v in others)
+        lines.append(f"step {step:4d}: best to worst by FD {' > '.join(ordering(rows, 'fd', step))}; {label} clear of: "
+                     f"{', '.join(clear) or 'none'}")
+    lines.append(f"{comparisons} comparisons: about {by_chance:.1f} would come out clear by chance alone; {label} leads "
+                 f"by the median accuracy from step {leads(rows, variant)}")
+    return lines
+
+
 def beside_the_paper(paper_designs: list[dict], designs: list[dict], paper_scaling: list[dict], scaling: list[dict],
                      paper_target: float = 50.0, target: float = 1.0) -> str:
     """The paper (Table 4, :mod:`dit_book.paper`) and the digits (rows of :func:`summarize_curves`) through the

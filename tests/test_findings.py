@@ -72,6 +72,23 @@ def test_spreads_tables_and_orderings():
     assert "| adaln-zero | 1.00 |" in table and "1.10 [1.00, 1.20]" in table and "90.0 %" in table
 
 
+def test_the_clear_of_report():
+    """The order by median FD at each step, the designs whose seed range adaLN-Zero's stays clear of, and the count of
+    comparisons with the number expected clear by chance alone (0.1 each for three seeds against three)."""
+    records = [_run("adaln-zero", s, [4.0 + s, 1.0 + 0.1 * s], [0.2, 0.9], study_name="blocks") for s in range(3)]
+    records += [_run("in-context", s, [3.0 + s, 3.0 + 0.1 * s], [0.5, 0.6], study_name="blocks") for s in range(3)]
+    records += [_run("adaln", s, [5.0 + s, 1.1 + 0.1 * s], [0.1, 0.7], study_name="blocks") for s in range(3)]
+    lines = findings.clear_of_report(findings.summarize_curves(records))
+    assert lines[0] == ("step  100: best to worst by FD in-context > adaln-zero > adaln; adaLN-Zero clear of: none")
+    assert lines[1] == ("step  200: best to worst by FD adaln-zero > adaln > in-context; adaLN-Zero clear of: "
+                        "in-context")  # [1.0, 1.2] against adaln's [1.1, 1.3]: overlapping, not clear
+    assert lines[2] == ("4 comparisons: about 0.4 would come out clear by chance alone; adaLN-Zero leads by the "
+                        "median accuracy from step 200")
+    # fewer seeds make a clear range likelier by chance: one seed against one is always "clear"
+    one = findings.clear_of_report(findings.summarize_curves([r for r in records if r["seed"] == 0]))
+    assert one[-1].startswith("4 comparisons: about 4.0 would come out clear by chance alone")
+
+
 def test_three_seeds_apart_by_chance():
     # every ordering of six results equally likely: 2 of the C(6, 3) = 20 splits put one variant's three below
     assert findings.chance_apart(3, 3) == pytest.approx(0.1)
