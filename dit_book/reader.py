@@ -7,14 +7,22 @@ signatures to write, raising ``NotImplementedError``) that the reader fills in. 
    written so far (the book's solution for each part not written yet), so that what runs is exactly what a later
    chapter assembles; then binds the names it defines in the notebook, as any cell would;
 2. runs the part's checker (:mod:`dit_book.exercises`) and prints its verdict;
-3. saves the cell, when it is not the unfilled stub, as ``<READER_DIR>/<part>.py`` (one file per part; its first
-   line a comment, so that its line numbers are the cell's), with the verdict in ``<READER_DIR>/checks.json``.
+3. saves the cell, when it is not the unfilled stub (:func:`is_stub`: every function and method of the part still
+   raises ``NotImplementedError``), as ``<READER_DIR>/<part>.py`` (one file per part; its first line a comment, so
+   that its line numbers are the cell's), with the verdict in ``<READER_DIR>/checks.json``. A cell with some of
+   its functions written is saved, and its verdict names those that still raise.
+
+An error in the reader's code (when the cell runs, or when the checker calls it) is reported with its traceback,
+the lines of the reader's cell included; inside IPython the cell then ends normally, so that "Run All" goes on with
+the book's solution in place of the part, as the message says; outside IPython the error is raised.
 
 ``READER_DIR`` is a parameter of the chapters that use it (``"../outputs/reader"``, beside the book, outside the
 package), read from the notebook's namespace. :func:`load` assembles the reader's code for a later chapter: each
 part from its file where the reader wrote one that passes its check, the book's solution otherwise
-(:mod:`dit_book.my_dit`, :mod:`dit_book.my_diffusion`), in one namespace, and prints one line that says which parts
-are whose. A file placed in ``READER_DIR`` by hand is checked when it is first loaded.
+(:mod:`dit_book.my_dit`, :mod:`dit_book.my_diffusion`) and where a file on record no longer runs, in one namespace,
+and prints one line that says which parts are whose. A file placed in ``READER_DIR`` by hand is checked when it is
+first loaded; a ``checks.json`` that is not a record of verdicts is read as none (with a warning), and every part
+is checked again.
 
 The solution of an exercise is a cell that starts with ``%%solution <part>``, folded in Jupyter (the cell's
 ``source_hidden`` metadata) and in the HTML (the ``hide-input`` tag). It runs the book's code in a copy of the
@@ -40,8 +48,10 @@ import ast
 import datetime as _dt
 import hashlib
 import json
+import os
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -80,7 +90,9 @@ _MODEL = "Chapter 5 trains your DiT with it; chapter 7 samples, scores and publi
 #: Every part, in the order the chapters ask for them (a part may use the ones before it).
 PARTS: dict[str, Part] = {p.name: p for p in (
     Part("patchify", "patchify", "03_model", ("patchify", "unpatchify"), "my_dit",
-         _check("check_patchify", "patchify", "unpatchify"), _MODEL),
+         _check("check_patchify", "patchify", "unpatchify"),
+         "Your unpatchify turns your DiT's output tokens back into images when chapter 5 trains it and chapter 7 "
+         "samples it; your patchify is checked only (the DiT cuts its patches with the library's PatchEmbed)."),
     Part("timestep_embedder", "timestep embedding", "03_model", ("timestep_embedding", "TimestepEmbedder"), "my_dit",
          _check("check_timestep_embedder", "timestep_embedding", "TimestepEmbedder"), _MODEL),
     Part("label_embedder", "label embedding", "03_model", ("LabelEmbedder",), "my_dit",
@@ -184,13 +196,28 @@ def _digest(source: str) -> str:
 
 
 def _records(folder) -> dict:
+    """The verdicts on record, by part. A file that is not a record (not JSON, not an object of parts) or an entry
+    that is not a verdict is read as no record, with a warning that says so: those parts are checked again, and the
+    next verdict rewrites the file (atomically)."""
     path = folder_of(folder) / CHECKS
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {}  # a broken record is no record: the parts are checked again
+        records = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problem = f"is not readable JSON ({err})"
+    else:
+        if isinstance(records, dict):
+            good = {part: r for part, r in records.items() if isinstance(r, dict) and isinstance(r.get("sha256"), str)
+                    and r.get("verdict") in ("passed", "failed")}
+            if len(good) < len(records):
+                warnings.warn(f"{path}: the entries {', '.join(sorted(set(records) - set(good)))} are not verdicts; "
+                              "read as no record, so those parts are checked again", stacklevel=2)
+            return good
+        problem = f"holds a JSON {type(records).__name__}, not a verdict for each part"
+    warnings.warn(f"{path} {problem}: read as no record, so every part is checked again (and the file rewritten)",
+                  stacklevel=2)
+    return {}
 
 
 def _record(folder, part: str, source: str, verdict: str, message: str) -> None:
@@ -240,6 +267,40 @@ def judge(part: str, ns: dict) -> Verdict:
         return Verdict("error", f"{type(err).__name__}: {err}", err)
 
 
+def _raises_not_implemented(function: ast.FunctionDef) -> bool:
+    return any(isinstance(s, ast.Raise) and s.exc is not None and "NotImplementedError" in ast.unparse(s.exc)
+               for s in function.body)
+
+
+def unwritten(part: str, cell: str) -> tuple[list[str], list[str]] | None:
+    """Which of the part's functions and methods in ``cell`` still raise ``NotImplementedError`` in their body (not
+    written yet), and which do not (written): two lists of names (``"DiTBlock.forward"`` for a method); None when
+    the cell does not parse or leaves out a name the part asks for."""
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return None
+    definitions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}  # the last one
+    if any(name not in definitions for name in _part(part).names):
+        return None
+    todo, done = [], []
+    for name in _part(part).names:
+        node = definitions[name]
+        functions = [node] if isinstance(node, ast.FunctionDef) else [
+            n for n in node.body if isinstance(n, ast.FunctionDef)]
+        for f in functions:
+            (todo if _raises_not_implemented(f) else done).append(name if f is node else f"{name}.{f.name}")
+    return todo, done
+
+
+def is_stub(part: str, cell: str) -> bool:
+    """Whether ``cell`` is the part's stub, nothing of it written: every function and method of the part's names
+    still raises ``NotImplementedError`` (the chapter's stub, whatever its comments and docstrings say). A cell with
+    some of them written is not a stub: it is saved, and the names that still raise are named."""
+    found = unwritten(part, cell)
+    return found is not None and bool(found[0]) and not found[1]
+
+
 def _exec_part(source: str, filename: str, ns: dict) -> None:
     """Run ``source`` in ``ns`` as the file ``filename`` (whose text a traceback then shows, saved or not)."""
     import linecache
@@ -280,7 +341,12 @@ def _resolve_into(ns: dict, folder, part: str) -> Resolved:
             _record(folder, part, source, "passed" if verdict.verdict == "passed" else "failed", verdict.message)
             record = _records(folder)[part]
         if record["verdict"] == "passed":
-            _exec_part(source, str(path), ns)
+            try:
+                _exec_part(source, str(path), ns)
+            except Exception as err:  # noqa: BLE001 - it passed once, yet does not run now (an import, a name gone)
+                _run_book(part, ns)
+                return Resolved(part, "book's", "raises an error",
+                                f"{path} passed its check but does not run now: {type(err).__name__}: {err}")
             return Resolved(part, "yours", message=record["message"])
         _run_book(part, ns)
         return Resolved(part, "book's", "fails its check", record["message"])
@@ -345,29 +411,65 @@ _NAME_HINT = ("{err}: an %%answer cell runs on its own, as its saved file will i
               "not the names of other cells: define or import the name in this cell.")
 
 
-def answer(part: str, cell: str, user_ns: dict, *, out=print) -> Verdict:
-    """What ``%%answer part`` does with a cell (see the module docstring); returns the checker's verdict."""
+def _standing_in(folder, part: str) -> str:
+    """What runs in a later chapter in place of an ``%%answer`` cell that saved nothing."""
+    saved = _records(folder).get(part)
+    if saved and saved["verdict"] == "passed" and path_of(folder, part).is_file():
+        return f"your saved {path_of(folder, part)}, which passes its check, stands in for it"
+    return "the book's solution stands in for it until you write it here and run the cell"
+
+
+def _own_frames(tb):
+    """``tb`` without its first frames in this module (the magic's plumbing): the reader's traceback starts at the
+    checker or at their own code."""
+    here = os.path.abspath(__file__)
+    while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == here:
+        tb = tb.tb_next
+    return tb
+
+
+def _report(err: BaseException, shell) -> None:
+    """Show the traceback of ``err`` (the reader's code raised it) in the running IPython, whose cell then ends
+    normally: "Run All" goes on, with the book's solution in place of the part. (IPython reads a ``SyntaxError``
+    from the exception being handled: the cell's own error is reported from its ``except`` block.)"""
+    shell.showtraceback((type(err), err, _own_frames(err.__traceback__)), tb_offset=0)
+
+
+def answer(part: str, cell: str, user_ns: dict, *, out=print, shell=None) -> Verdict:
+    """What ``%%answer part`` does with a cell (see the module docstring); returns the checker's verdict.
+
+    When the reader's code raises an error (in the cell itself or when the checker calls it), the message says what
+    stands in for the part, and then: with ``shell`` (the running IPython, which the magic passes), its traceback is
+    shown, lines of the reader's cell included, and the verdict returned, so that the chapter goes on with the book's
+    solution; without one, the error is raised."""
     p = _part(part)
     folder = folder_of(user_ns.get(FOLDER_PARAMETER))
     ns, _ = assemble(folder, before=part)
     source = header(part) + cell  # the header stands where the %%answer line is: line numbers are the cell's
     try:
         _exec_part(source, str(path_of(folder, part)), ns)
-    except NameError as err:
-        out(_NAME_HINT.format(err=err))
-        raise
+    except Exception as err:  # noqa: BLE001 - the cell does not run: nothing saved, the error shown or raised
+        verdict = Verdict("error", f"{type(err).__name__}: {err}", err)
+        out(f"{p.title}: the cell raised {verdict.message}; nothing saved: {_standing_in(folder, part)}")
+        if isinstance(err, NameError):
+            out(_NAME_HINT.format(err=err))
+        if shell is None:
+            raise
+        _report(err, shell)
+        return verdict
     finally:
         user_ns.update({name: ns[name] for name in p.names if name in ns})
     verdict = judge(part, ns)
     if verdict.verdict == "stub":
-        saved = _records(folder).get(part)
-        if saved and saved.get("verdict") == "passed" and path_of(folder, part).is_file():
-            out(f"{p.title}: not written in this cell; your saved {path_of(folder, part)}, which passes its check, "
-                "stands in for it")
-        else:
-            out(f"{p.title}: not written yet ({verdict.message or 'NotImplementedError'}); the book's solution stands "
-                "in for it until you write it here and run the cell")
-        return verdict
+        if is_stub(part, cell):
+            standing = _standing_in(folder, part)
+            out(f"{p.title}: not written in this cell; {standing}" if standing.startswith("your saved") else
+                f"{p.title}: not written yet ({verdict.message or 'NotImplementedError'}); {standing}")
+            return verdict
+        todo = (unwritten(part, cell) or ([], []))[0]
+        verdict = Verdict("failed", f"not finished: {' and '.join(todo) or 'something it calls'} still raise"
+                                    f"{'s' if len(todo) < 2 else ''} NotImplementedError "
+                                    f"({verdict.message or 'no message'})")
     path = save(folder, part, cell)
     _record(folder, part, source, "passed" if verdict.verdict == "passed" else "failed", verdict.message)
     if verdict.verdict == "passed":
@@ -379,7 +481,9 @@ def answer(part: str, cell: str, user_ns: dict, *, out=print) -> Verdict:
     if verdict.error is not None:
         if isinstance(verdict.error, NameError):
             out(_NAME_HINT.format(err=verdict.error))
-        raise verdict.error
+        if shell is None:
+            raise verdict.error
+        _report(verdict.error, shell)
     return verdict
 
 
@@ -414,7 +518,7 @@ def register(ipython=None) -> bool:
         return False
 
     def _answer(line, cell):
-        answer(line.strip(), cell, ipython.user_ns)
+        answer(line.strip(), cell, ipython.user_ns, shell=ipython)
 
     def _solution(line, cell):
         solution(line.strip(), cell, ipython.user_ns)
