@@ -291,6 +291,22 @@ def _load(mine: torch.nn.Module, reference: torch.nn.Module, what: str, layout: 
     mine.load_state_dict(want)
 
 
+#: DiT's layer norms (blocks and final layer): no parameters of their own and eps = 1e-6, the official code's;
+#: PyTorch's default eps is 1e-5, a difference that shows only on tokens of small variance.
+LAYER_NORM_EPS = 1e-6
+#: How small: tokens of variance 1e-6, where eps = 1e-5 in place of 1e-6 scales the normalised tokens by 0.43.
+SMALL_TOKENS = 1e-3
+
+
+def _eps_hint(module: torch.nn.Module) -> str:
+    """The hint for a layer norm's eps: which of ``module``'s ``nn.LayerNorm`` have another eps than DiT's, if any."""
+    wrong = [f"{name or 'it'} has eps={m.eps:g}" for name, m in module.named_modules()
+             if isinstance(m, torch.nn.LayerNorm) and m.eps != LAYER_NORM_EPS]
+    return ((f"{', '.join(wrong)}: " if wrong else "") + "DiT's layer norms are nn.LayerNorm(hidden_size, "
+            f"elementwise_affine=False, eps={LAYER_NORM_EPS:g}); PyTorch's default eps, 1e-5, differs on tokens of "
+            "small variance")
+
+
 def _randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
     """Non-zero adaLN and final-layer weights, so that shift, scale and gate all matter."""
     with torch.no_grad():
@@ -474,8 +490,11 @@ def check_dit_block(DiTBlock: type, *, seed: int = 0) -> str:
         mine.load_state_dict(reference.state_dict())
         _expect("the whole block", f"then x + gate * mlp(modulate(norm2(x), shift, scale)), on the x that the "
                 f"attention branch returned; {order}", mine(x, c), reference(x, c))
+        small = x * SMALL_TOKENS
+        _expect(f"the whole block on tokens of variance {SMALL_TOKENS ** 2:g}", _eps_hint(mine), mine(small, c),
+                reference(small, c))
     return ("your adaLN-Zero block matches dit_core's DiTBlock: the identity at initialisation, then shift, scale "
-            "and gate on both branches")
+            f"and gate on both branches, its layer norms' eps {LAYER_NORM_EPS:g} included")
 
 
 def check_final_layer(FinalLayer: type, *, seed: int = 0) -> str:
@@ -500,7 +519,11 @@ def check_final_layer(FinalLayer: type, *, seed: int = 0) -> str:
         _shape("final(x, c) for 16 tokens", got, (3, 16, p * p * c_out), "(N, T, p * p * out_channels)")
         _expect("the final layer", "linear(modulate(norm_final(x), shift, scale)) with "
                 "adaLN_modulation(c).chunk(2, dim=1) = shift, scale", got, reference(x, c))
-    return "your final layer matches dit_core's FinalLayer: zero at initialisation, then adaLN and the linear map"
+        small = x * SMALL_TOKENS
+        _expect(f"the final layer on tokens of variance {SMALL_TOKENS ** 2:g}", _eps_hint(mine), mine(small, c),
+                reference(small, c))
+    return (f"your final layer matches dit_core's FinalLayer: zero at initialisation, then adaLN (its layer norm's "
+            f"eps {LAYER_NORM_EPS:g} included) and the linear map")
 
 
 def check_dit(DiT: type, *, seed: int = 0) -> str:
@@ -553,9 +576,11 @@ def check_dit(DiT: type, *, seed: int = 0) -> str:
               "blocks (an nn.ModuleList of DiTBlock) and final_layer")
         with torch.no_grad():
             got, want = mine(x, t, y), reference(x, t, y)
-        _expect(f"{where}(x, t, y) with dit_core's weights", "tokens = x_embedder(x) + pos_embed; c = t_embedder(t) + "
-                "y_embedder(y); tokens = block(tokens, c) for every block; then unpatchify(final_layer(tokens, c))",
-                got, want, MODEL_TOLERANCE)
+        forward = ("tokens = x_embedder(x) + pos_embed; c = t_embedder(t) + y_embedder(y); tokens = block(tokens, "
+                   "c) for every block; then unpatchify(final_layer(tokens, c))")
+        if any(isinstance(m, torch.nn.LayerNorm) and m.eps != LAYER_NORM_EPS for m in mine.modules()):
+            forward = _eps_hint(mine)  # the likeliest slip when the blocks' and final layer's checks passed
+        _expect(f"{where}(x, t, y) with dit_core's weights", forward, got, want, MODEL_TOLERANCE)
         largest = max(largest, (got - want).abs().max().item())
 
     xl = dict(model_kwargs("DiT-XL/2"), input_size=32, in_channels=4, num_classes=1000, learn_sigma=True)

@@ -259,6 +259,48 @@ def test_final_layer_mistakes_are_caught():
         check_final_layer(Swapped)
 
 
+def test_layer_norms_with_pytorchs_default_eps_are_caught_and_named():
+    """DiT's layer norms use eps = 1e-6; PyTorch's default, 1e-5, passes every check on tokens of unit variance and
+    shows on tokens of small variance, which the block's and the final layer's checkers try."""
+    class DefaultEpsBlock(my_dit.DiTBlock):
+        def __init__(self, hidden_size, num_heads, mlp_ratio=4.0):
+            super().__init__(hidden_size, num_heads, mlp_ratio)
+            self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False)
+            self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False)
+
+    with pytest.raises(AssertionError, match=r"tokens of variance 1e-06: norm1 has eps=1e-05, norm2 has eps=1e-05: "
+                                             r"DiT's layer norms are nn\.LayerNorm\(hidden_size, "
+                                             r"elementwise_affine=False, eps=1e-06\)"):
+        check_dit_block(DefaultEpsBlock)
+
+    class DefaultEpsFinal(my_dit.FinalLayer):
+        def __init__(self, hidden_size, patch_size, out_channels):
+            super().__init__(hidden_size, patch_size, out_channels)
+            self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False)
+
+    with pytest.raises(AssertionError, match=r"tokens of variance 1e-06: norm_final has eps=1e-05"):
+        check_final_layer(DefaultEpsFinal)
+
+    class FunctionalEps(my_dit.FinalLayer):  # no module to read the eps from: the hint still names it
+        def forward(self, x, c):
+            shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+            normed = nn.functional.layer_norm(x, x.shape[-1:])
+            return self.linear(my_dit.modulate(normed, shift, scale))
+
+    with pytest.raises(AssertionError, match=r"tokens of variance 1e-06: DiT's layer norms are .* eps=1e-06"):
+        check_final_layer(FunctionalEps)
+
+    class DefaultEpsDiT(my_dit.DiT):  # the assembled model with both: its message names the eps too
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            for module in self.modules():
+                if isinstance(module, nn.LayerNorm):
+                    module.eps = 1e-5
+
+    with pytest.raises(AssertionError, match=r"with dit_core's weights: blocks\.0\.norm1 has eps=1e-05"):
+        check_dit(DefaultEpsDiT)
+
+
 def test_model_mistakes_are_caught():
     class NoPositions(my_dit.DiT):
         def forward(self, x, t, y):
