@@ -450,8 +450,8 @@ def clear_of_report(rows: list[dict], variant: str = "adaln-zero", label: str = 
         by_chance += sum(chance_apart(at[variant]["seeds"], at[v]["seeds"]) for v in others)
         lines.append(f"step {step:4d}: best to worst by FD {' > '.join(ordering(rows, 'fd', step))}; {label} clear of: "
                      f"{', '.join(clear) or 'none'}")
-    lines.append(f"{comparisons} comparisons: about {by_chance:.1f} would come out clear by chance alone; {label} leads "
-                 f"by the median accuracy from step {leads(rows, variant)}")
+    lines.append(f"{comparisons} comparisons: about {by_chance:.1f} would come out clear by chance alone; {label} "
+                 f"leads by the median accuracy from step {leads(rows, variant)}")
     return lines
 
 

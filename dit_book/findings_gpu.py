@@ -13,7 +13,8 @@ FLOP counter's figure) at the trainer's utilisation measured on the H200 (:data:
 scaled by the card's peak, plus sampling and the VAE decode scaled the same way. Small models rarely reach a large
 model's utilisation, so for DiT-S and DiT-B the estimate leans short. The chapter runs both studies in one cell;
 :func:`plan` sizes them together against one cell budget (:func:`dit_book.track.cell_budget`, a share of the
-book's time limit for one cell), so that the cell fits on every card the book's routes name.
+book's time limit for one cell), so that the cell fits on every card the book's routes name; a card without a known
+peak is planned as the slowest card known (:func:`slowest_card`), and a plan that cannot fit says so.
 """
 
 from __future__ import annotations
@@ -85,65 +86,93 @@ def costs(peak: float, study_name: str, steps: int = DEFAULTS["steps"], batch_si
     return {"train": train, "fid": fid, "total": train + fid}
 
 
+def slowest_card() -> tuple[str, float]:
+    """The slowest card :data:`dit_book.track.GPU_PEAKS` knows: ``(its name pattern, its peak in TFLOP/s)``;
+    :func:`plan` plans a card without a known peak as this one."""
+    return min(tracks.GPU_PEAKS, key=lambda card: card[1])
+
+
 def plan(peak: float | None, steps: int = DEFAULTS["steps"], eval_every: int = DEFAULTS["eval_every"],
          fid_samples: int = DEFAULTS["fid_samples"], budget_s: float | None = None, classes: int = 10,
-         **kwargs) -> dict:
+         fit: bool = True, **kwargs) -> dict:
     """Both studies sized together against ONE cell budget ``budget_s`` (default :func:`dit_book.track.cell_budget`),
     as the chapter runs them in one cell, from the estimate of :func:`costs` on a card of ``peak`` TFLOP/s.
 
     In this order: the sizes as set, when they fit; else fewer steps, in whole evaluation intervals (at least one);
     else a smaller plan: one FID at the end, its samples cut to at most half the budget (a multiple of ``classes``)
-    and the steps to the rest (a multiple of 100). Returns ``steps``, ``eval_every``, ``fid_samples``, ``seconds``
-    (the estimate), ``reduced`` and ``note`` (a sentence saying what was cut). ``peak`` None (no card, or one the
-    table does not know): the sizes as set, ``seconds`` None. ``kwargs``: more arguments of :func:`costs`."""
+    and the steps to the rest (a multiple of 100); when even the smallest plan (100 steps, one FID of ``classes``
+    samples) is estimated past the budget, the note says so, with both in minutes. ``peak`` None (a card the table
+    does not know, or no card): planned as the slowest card it knows (:func:`slowest_card`), said in the note.
+    ``fit`` False: the sizes as set, with their estimate. Returns ``steps``, ``eval_every``, ``fid_samples``,
+    ``seconds`` (the estimate), ``reduced``, ``fits`` (the estimate within the budget) and ``note`` (a sentence
+    saying what was cut). ``kwargs``: more arguments of :func:`costs`."""
+    unknown = ""
+    if not peak:
+        name, peak = slowest_card()
+        unknown = (f"no peak known for this device, so planned as the slowest card dit_book.track.GPU_PEAKS knows "
+                   f"({name}, {peak:g} TFLOP/s; a slower card takes longer): ")
+
     def estimate(s, e, f):
         parts = [costs(peak, name, steps=s, eval_every=e, fid_samples=f, **kwargs) for name in STUDIES]
         return {k: sum(p[k] for p in parts) for k in ("train", "fid", "total")}
 
-    asked = dict(steps=steps, eval_every=eval_every, fid_samples=fid_samples)
-    if not peak:
-        return {**asked, "seconds": None, "reduced": False, "note": "the sizes as set (no estimate for this device)"}
+    def result(s, e, f, seconds, reduced, note):
+        return {"steps": s, "eval_every": e, "fid_samples": f, "seconds": seconds, "reduced": reduced,
+                "fits": seconds <= budget, "note": unknown + note}
+
     budget = tracks.cell_budget() if budget_s is None else budget_s
+    limit = f"the book stops a cell at {tracks.CELL_TIMEOUT_S / 60:.0f} min"
     full = estimate(steps, eval_every, fid_samples)
-    if full["total"] <= budget:
-        return {**asked, "seconds": full["total"], "reduced": False,
-                "note": f"the sizes as set: about {full['total'] / 60:.0f} min (estimate)"}
+    if not fit or full["total"] <= budget:
+        over = "" if full["total"] <= budget else f", past this cell's budget of {budget / 60:.0f} min ({limit})"
+        return result(steps, eval_every, fid_samples, full["total"], False,
+                      f"the sizes as set: about {full['total'] / 60:.0f} min (estimate){over}")
     per_step = full["train"] / steps
     per_sample = full["fid"] / (max(1, steps // eval_every) * fid_samples)  # one sample of every run, one FID
     for k in range(steps // eval_every - 1, 0, -1):
         seconds = k * eval_every * per_step + k * fid_samples * per_sample
         if seconds <= budget:
-            return {"steps": k * eval_every, "eval_every": eval_every, "fid_samples": fid_samples, "seconds": seconds,
-                    "reduced": True, "note": f"{k * eval_every:,} steps a run instead of {steps:,}, to fit one cell "
-                                             f"of the book's time limit on this card: about {seconds / 60:.0f} min "
-                                             "(estimate)"}
-    samples = max(classes, min(fid_samples, int(budget / 2 / per_sample) // classes * classes))
+            return result(k * eval_every, eval_every, fid_samples, seconds, True,
+                          f"{k * eval_every:,} steps a run instead of {steps:,}, to fit one cell of the book's time "
+                          f"limit on this card: about {seconds / 60:.0f} min (estimate)")
     unit = 100 if steps >= 100 else 1
-    fit = max(unit, int((budget - samples * per_sample) / per_step) // unit * unit)
-    seconds = fit * per_step + samples * per_sample
-    return {"steps": fit, "eval_every": fit, "fid_samples": samples, "seconds": seconds, "reduced": True,
-            "note": f"a smaller plan, to fit one cell of the book's time limit on this card: {fit:,} steps a run "
-                    f"instead of {steps:,} and one FID of {samples:,} samples at the end instead of "
-                    f"{max(1, steps // eval_every)} of {fid_samples:,}: about {seconds / 60:.0f} min (estimate); "
-                    "GPU_FIT_CELL = False runs the sizes as set (outside the book's build, which stops a cell at "
-                    "its time limit)"}
+    samples = max(classes, min(fid_samples, int(budget / 2 / per_sample) // classes * classes))
+    if (budget - samples * per_sample) / per_step < unit:  # no room left for training: the fewest samples
+        samples = classes
+    fit_steps = max(unit, int((budget - samples * per_sample) / per_step) // unit * unit)
+    seconds = fit_steps * per_step + samples * per_sample
+    cut = (f"{fit_steps:,} steps a run instead of {steps:,} and one FID of {samples:,} samples at the end instead of "
+           f"{max(1, steps // eval_every)} of {fid_samples:,}")
+    if seconds > budget:
+        return result(fit_steps, fit_steps, samples, seconds, True,
+                      f"even the smallest plan, {cut}, takes about {seconds / 60:.0f} min (estimate), past this "
+                      f"cell's budget of {budget / 60:.0f} min ({limit}): run the studies outside the book's build, "
+                      "or with fewer variants")
+    return result(fit_steps, fit_steps, samples, seconds, True,
+                  f"a smaller plan, to fit one cell of the book's time limit on this card: {cut}: about "
+                  f"{seconds / 60:.0f} min (estimate); GPU_FIT_CELL = False runs the sizes as set (outside the "
+                  "book's build, which stops a cell at its time limit)")
 
 
 def format_plans(cards, **sizes) -> str:
     """What :func:`plan` makes of ``sizes`` on each of ``cards`` (names as torch reports them), as a Markdown table:
-    both studies' estimate at the sizes as set, and the plan of the chapter's one cell with its estimate."""
+    both studies' estimate at the sizes as set, and the plan of the chapter's one cell with its estimate (a card
+    without a known peak planned as :func:`slowest_card`)."""
     lines = ["| card | both studies as set (estimate) | the cell's plan | its estimate |", "|---|---|---|---|"]
     budget_kw = {k: v for k, v in sizes.items() if k in ("steps", "eval_every", "fid_samples")}
+    other_kw = {k: v for k, v in sizes.items() if k not in budget_kw}
     for card in cards:
         peak = tracks.card_peak(card)
+        name = card.replace("NVIDIA ", "")
         if peak is None:
-            lines.append(f"| {card} | - | the sizes as set (no peak known for this card) | - |")
-            continue
-        full = sum(costs(peak, name, **sizes)["total"] for name in STUDIES)
-        p = plan(peak, **budget_kw, **{k: v for k, v in sizes.items() if k not in budget_kw})
+            name += f" (no peak known: planned as {slowest_card()[0]})"
+        full = plan(peak, **budget_kw, fit=False, **other_kw)["seconds"]
+        p = plan(peak, **budget_kw, **other_kw)
         what = "as set" if not p["reduced"] else (f"{p['steps']:,} steps, FID every {p['eval_every']:,} of "
                                                   f"{p['fid_samples']:,} samples")
-        lines.append(f"| {card.replace('NVIDIA ', '')} | ~{full / 60:.0f} min | {what} | ~{p['seconds'] / 60:.0f} min |")
+        if not p["fits"]:
+            what += " (past the cell's budget)"
+        lines.append(f"| {name} | ~{full / 60:.0f} min | {what} | ~{p['seconds'] / 60:.0f} min |")
     return "\n".join(lines)
 
 

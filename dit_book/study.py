@@ -139,7 +139,7 @@ def train_and_score(out: str | os.PathLike, cfg, scorer, record: dict, *, quiet:
             contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext():
         summary = train(cfg)
     train_cpu = time.process_time() - cpu0
-    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record at this point would be partial
+    if summary.get("interrupted"):  # SIGTERM/SIGINT: the trainer saved and stopped; a record here would be partial
         raise KeyboardInterrupt(f"{out}: training interrupted ({summary['interrupted']}) at step "
                                 f"{summary.get('steps')}; run the study again to resume this run")
     # building the model and the data (and with REPA on pixels fitting the teacher): once per run

@@ -204,7 +204,7 @@ def test_both_gpu_studies_fit_one_cell_on_every_card_of_the_routes(card):
     both = sum(findings_gpu.costs(peak, s, steps=p["steps"], eval_every=p["eval_every"],
                                   fid_samples=p["fid_samples"])["total"] for s in findings_gpu.STUDIES)
     assert both == pytest.approx(p["seconds"]) and both <= tracks.cell_budget() < tracks.CELL_TIMEOUT_S
-    assert p["steps"] % p["eval_every"] == 0 and p["fid_samples"] % 10 == 0 and p["steps"] >= 100
+    assert p["steps"] % p["eval_every"] == 0 and p["fid_samples"] % 10 == 0 and p["steps"] >= 100 and p["fits"]
     full = sum(findings_gpu.costs(peak, s)["total"] for s in findings_gpu.STUDIES)
     assert p["reduced"] == (full > tracks.cell_budget()) and (p["note"].startswith("the sizes as set") != p["reduced"])
 
@@ -216,9 +216,44 @@ def test_the_gpu_plan_cuts_in_order():
     assert fewer["steps"] == 1000 and fewer["eval_every"] == 1000 and fewer["fid_samples"] == 1000  # one interval
     small = findings_gpu.plan(slow)
     assert small["eval_every"] == small["steps"] < 1000 and small["fid_samples"] < 1000 and "smaller plan" in small["note"]
-    assert findings_gpu.plan(None) == {"steps": 2000, "eval_every": 1000, "fid_samples": 1000, "seconds": None,
-                                       "reduced": False, "note": "the sizes as set (no estimate for this device)"}
     assert findings_gpu.chapter_seconds(fast) == findings_gpu.plan(fast)["seconds"]
+    as_set = findings_gpu.plan(slow, fit=False)  # GPU_FIT_CELL = False: the sizes as set, their estimate said
+    assert (as_set["steps"], as_set["eval_every"], as_set["fid_samples"]) == (2000, 1000, 1000)
+    assert not as_set["reduced"]
+    assert not as_set["fits"] and f"about {as_set['seconds'] / 60:.0f} min (estimate), past this cell's budget" in \
+        as_set["note"]
+
+
+@pytest.mark.parametrize("card", ["Quadro P1000", None])
+def test_a_card_without_a_known_peak_is_planned_as_the_slowest_known(card):
+    """A card dit_book.track.GPU_PEAKS does not know (or no card) gets the plan of the slowest card it knows, which
+    fits the cell there, and the note says so; not the sizes as set (about 2.5 h on an RTX 3060)."""
+    assert tracks.card_peak(card) is None
+    name, peak = findings_gpu.slowest_card()
+    assert peak == min(p for _, p in tracks.GPU_PEAKS) and tracks.card_peak(f"NVIDIA GeForce RTX {name}") == peak
+    unknown, slowest = findings_gpu.plan(tracks.card_peak(card)), findings_gpu.plan(peak)
+    assert {k: v for k, v in unknown.items() if k != "note"} == {k: v for k, v in slowest.items() if k != "note"}
+    assert unknown["reduced"] and unknown["fits"] and unknown["seconds"] <= tracks.cell_budget()
+    assert unknown["note"].startswith(f"no peak known for this device, so planned as the slowest card") and \
+        f"({name}, {peak:g} TFLOP/s" in unknown["note"] and unknown["note"].endswith(slowest["note"])
+    row = findings_gpu.format_plans([card or "Quadro P1000"]).splitlines()[-1]
+    assert f"(no peak known: planned as {name})" in row and f"~{unknown['seconds'] / 60:.0f} min |" in row
+
+
+def test_a_plan_that_cannot_fit_says_so(monkeypatch):
+    """On a card too slow for even the smallest plan (100 steps, one FID of 10 samples), the plan is that smallest one
+    and its note gives the estimate against the budget instead of claiming a fit."""
+    p = findings_gpu.plan(1.0)  # 1 TFLOP/s
+    assert (p["steps"], p["eval_every"], p["fid_samples"]) == (100, 100, 10) and p["reduced"] and not p["fits"]
+    assert p["seconds"] > tracks.cell_budget()
+    assert p["note"].startswith("even the smallest plan") and "to fit" not in p["note"]
+    assert (f"takes about {p['seconds'] / 60:.0f} min (estimate), past this cell's budget of "
+            f"{tracks.cell_budget() / 60:.0f} min (the book stops a cell at {tracks.CELL_TIMEOUT_S / 60:.0f} min)"
+            ) in p["note"]
+    monkeypatch.setattr(tracks, "GPU_PEAKS", tracks.GPU_PEAKS + (("P1000", 1.0),))
+    assert findings_gpu.format_plans(["Quadro P1000"]).splitlines()[-1] == (
+        f"| Quadro P1000 | ~{findings_gpu.plan(1.0, fit=False)['seconds'] / 60:.0f} min | 100 steps, FID every 100 "
+        f"of 10 samples (past the cell's budget) | ~{p['seconds'] / 60:.0f} min |")
 
 
 def test_the_record_shows_its_json():
