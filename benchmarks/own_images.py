@@ -91,6 +91,11 @@ def train_run(profile: str, kind: str, folder_seed: int, seed: int, work: Path, 
     summary_file = out / "summary.json"
     if summary_file.is_file() and json.loads(summary_file.read_text()).get("steps") == steps and \
             all((out / "checkpoints" / f"step_{s:07d}.pt").is_file() for s in keep):
+        config = json.loads(json.dumps(__import__("yaml").safe_load((out / "config.yaml").read_text())))
+        if config.get("guidance_search") and not (out / "guidance.json").is_file():  # trained, not yet chosen
+            from dit_core.eval.guidance import choose_guidance
+
+            choose_guidance(out)
         return out
     data = folder(kind, folder_seed, work)
     cfg = make_config(PROFILES.get(profile, profile), {
@@ -150,7 +155,7 @@ def score_run(out: Path, kind: str, result: Path, also_constant: float | None = 
             settings.append((path, also_constant))
     for path, constant in settings:
         key = path.stem.split("_")[1].lstrip("0") + ("" if constant is None else f"@cfg{constant:g}")
-        if key in scores:
+        if key in scores and "empty_rate" in scores[key]:
             continue
         model, info = load_model(path)
         scale = info.get("cfg_scale") if constant is None else constant
@@ -164,7 +169,9 @@ def score_run(out: Path, kind: str, result: Path, also_constant: float | None = 
         scores[key] = {"step": int(path.stem.split("_")[1]), "cfg_scale": scale, "interval": interval,
                        "class_accuracy": extra["class_accuracy"], "per_class": extra["per_class_accuracy"],
                        "mirrored_rate": extra["mirrored_rate"], "mirrored_per_class": extra["mirrored_rate_per_class"],
-                       "frame_rate": extra["frame_rate"], "frechet_distance": extra["frechet_distance"],
+                       "frame_rate": extra["frame_rate"], "empty_rate": extra["empty_rate"],
+                       "mirrored_rate_drawn": extra["mirrored_rate_drawn"], "real_empty_rate": extra["real_empty_rate"],
+                       "frechet_distance": extra["frechet_distance"],
                        "real_floor": extra["real_floor"], "samples": len(out_["images"]),
                        "seconds": round(time.perf_counter() - started, 1)}
         result.parent.mkdir(parents=True, exist_ok=True)

@@ -366,14 +366,14 @@ OWN_TINY = dict(TINY, progress=False)
 
 
 def your_data(params: Mapping[str, Any]) -> Resolved:
-    """Chapter 05b. A smoke run trains 10 steps of a tiny DiT on the own-folder path and, on the GPU track, a few
-    seconds at 32 px on stand-ins (a made-up archive, a tiny VAE). Returns ``track``, ``download``, ``data_dir``,
-    ``latents_dir``, ``out_dir``, ``own_overrides`` (the settings a smoke run adds to the own-folder run),
-    ``gpu_image_size`` and ``calibration_steps``."""
+    """Chapter 05b. A smoke run trains 10 steps of a tiny DiT on a made-up folder of 8 files a class and, on the GPU
+    track, a few seconds at 32 px on stand-ins (a made-up archive, a tiny VAE). Returns ``track``, ``download``,
+    ``data_dir``, ``latents_dir``, ``out_dir``, ``own_overrides`` (the settings a smoke run adds to the own-folder
+    run), ``gpu_image_size`` and ``calibration_steps``."""
     r, smoke = _start("05b_your_data", params)
     (out_dir,) = r.need("OUT_DIR")
     if smoke:
-        r.smoke_sizes(OWN_RUN_DIR=out_dir + "/smoke_own_run", OWN_MAX_STEPS=10, EVAL_PER_CLASS=2)
+        r.smoke_sizes(OWN_RUN_DIR=out_dir + "/smoke_own_run", OWN_MAX_STEPS=10, OWN_PER_CLASS=8)
     r.set_threads()
     track, download = _gpu_route(r, smoke)
     data_dir, latents_dir = _gpu_paths(r, smoke)

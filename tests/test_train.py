@@ -473,7 +473,8 @@ def test_the_small_images_profile_takes_the_folders_classes_and_size(tmp_path, c
     from dit_core.data.shapes import generate_shapes
 
     cfg = make_config("small-images")
-    assert (cfg.image_size, cfg.channels, cfg.flip, cfg.data_path, cfg.objective) == (16, 3, True, None, "flow")
+    assert (cfg.image_size, cfg.channels, cfg.flip, cfg.crop, cfg.data_path, cfg.objective) == \
+        (16, 3, "auto", "object", None, "flow")
     folder = generate_shapes(tmp_path / "grey", per_class=3, classes=("star", "cross"), mode="L")
     small = ["--depth", "1", "--repa-depth", "1", "--hidden-size", "32", "--num-heads", "2", "--tensorboard", "false",
              "--progress", "false", "--debug", "true"]

@@ -1,10 +1,15 @@
-"""Data for DiT: ImageFolder reading with the ADM crop and flips, the dataset check, the digits default.
+"""Data for DiT: ImageFolder reading with the ADM crop and flips, the dataset check, the digits default, own folders.
 
 - :mod:`dit_core.data.images`: :class:`ImageFolderDataset`, :func:`center_crop_arr`, :func:`load_image`;
 - :mod:`dit_core.data.check`: :func:`check_dataset` and its report (``dit-data check ROOT``);
 - :mod:`dit_core.data.digits`: :func:`export_digits` (``dit-data digits OUT``);
 - :mod:`dit_core.data.imagenette`: :func:`prepare_imagenette` (``dit-data imagenette OUT``), ten ImageNet classes
-  with their ImageNet-1k labels through a label map (:func:`read_label_map`).
+  with their ImageNet-1k labels through a label map (:func:`read_label_map`);
+- :mod:`dit_core.data.shapes` and :mod:`dit_core.data.bench`: made-up folders to measure the own-images path
+  (``dit-data shapes``, ``dit-data bench``);
+- :mod:`dit_core.data.objects`: where a file's object is, and the crop that keeps it (``crop: object``);
+- :mod:`dit_core.data.probe`: what a folder says before training: the mirror test behind ``flip: auto``, the share
+  of objects a centre crop would cut, the objects' size.
 
 Latent-space training reads pre-extracted VAE latents instead: see :mod:`dit_core.latents`.
 """

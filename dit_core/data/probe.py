@@ -8,7 +8,8 @@ that a mirrored L is an L draws mirrored Ls. Rather than asking the reader, :fun
   every class, to tell files from their mirror images, on two thirds of each class's files prepared as the trainer
   prepares them; on the held-out third it is right about half the time for a class whose files look as likely
   mirrored as not (circles, the letter A) and nearly always for one that changes (the letter L). Classes it tells
-  apart at least :data:`MIRROR_THRESHOLD` of the time are not flipped, the others are (``flip: auto``).
+  apart at least :data:`MIRROR_THRESHOLD` of the time, clearly more than chance for the files tested
+  (:func:`changed_by_mirror`), are not flipped, the others are (``flip: auto``).
 - **the objects.** For each file, the object's box and the square window that keeps it
   (:func:`dit_core.data.objects.locate`): the share of files whose object the centre crop would cut, and the
   object's size at the training size.
@@ -28,6 +29,7 @@ in ``<out>/probe.json`` so a resumed run decides the same, and sets the dataset'
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,8 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-#: A class whose files a classifier tells from their mirror images this often (held-out files) is not flipped.
+#: A class whose files a classifier tells from their mirror images this often (held-out files) is not flipped,
 MIRROR_THRESHOLD = 0.75
+#: provided the share is clearly above chance for the number of files tested: the lower end of its 95 % Wilson
+#: interval at least this (16 of 16 pass, 12 of 16 do not).
+MIRROR_LOWER = 0.6
 #: At most this many files of a class take part in the mirror test (two thirds train the classifier).
 MIRROR_FILES = 240
 #: Adam steps of the mirror test's classifier (batches of 64).
@@ -77,8 +82,8 @@ class FolderProbe:
         return frozenset(self.flipped) if self.flipped else False
 
     def asymmetric(self) -> list[str]:
-        """The classes the mirror test found changed by a mirror."""
-        return [c for c, acc in self.mirror.items() if acc >= MIRROR_THRESHOLD]
+        """The classes the mirror test found changed by a mirror (:func:`changed_by_mirror`)."""
+        return [c for c, share in self.mirror.items() if changed_by_mirror(share, self.mirror_tested.get(c, 0))]
 
     def object_px(self) -> float | None:
         return self.object_size * self.image_size if self.image_size else None
@@ -89,6 +94,18 @@ class FolderProbe:
     @classmethod
     def from_dict(cls, data: dict) -> "FolderProbe":
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def changed_by_mirror(share: float, tested: int) -> bool:
+    """Whether a class whose held-out files and mirror images were told apart ``share`` of ``tested`` times is
+    changed by a mirror: ``share`` at least :data:`MIRROR_THRESHOLD` and the lower end of its 95 % Wilson interval
+    at least :data:`MIRROR_LOWER`."""
+    if tested < 1 or share < MIRROR_THRESHOLD:
+        return False
+    z = 1.96
+    centre = (share + z * z / (2 * tested)) / (1 + z * z / tested)
+    half = z * math.sqrt(share * (1 - share) / tested + z * z / (4 * tested * tested)) / (1 + z * z / tested)
+    return centre - half >= MIRROR_LOWER
 
 
 def _spread(n: int, count: int) -> list[int]:
@@ -183,8 +200,8 @@ def probe_folder(dataset, mirror: bool = True, seed: int = 0) -> FolderProbe:
             with torch.random.fork_rng(devices=[]):
                 probe.mirror, probe.mirror_tested = mirror_test(torch.stack(xs), torch.as_tensor(ys), dataset.classes,
                                                                 seed=seed)
-            keep = [i for i, c in enumerate(dataset.classes) if c and probe.mirror.get(str(c), 0.0) < MIRROR_THRESHOLD]
-            probe.flipped = keep
+            changed = set(probe.asymmetric())
+            probe.flipped = [i for i, c in enumerate(dataset.classes) if c and str(c) not in changed]
     probe.seconds = time.perf_counter() - started
     return probe
 
@@ -195,7 +212,7 @@ def _matches(probe: FolderProbe, dataset) -> bool:
             and probe.crop == dataset.center_crop)
 
 
-def apply_probe(cfg, dataset, out: Path, procs):
+def apply_probe(cfg, dataset, out: Path, procs=None):
     """Run the probe a training run asks for and apply its decisions to ``dataset``; returns the dataset.
 
     It runs on an image folder when ``cfg.flip`` is ``"auto"`` or ``cfg.crop`` is ``"object"``: the main process
@@ -213,6 +230,10 @@ def apply_probe(cfg, dataset, out: Path, procs):
     if not (cfg.flip == "auto" or getattr(cfg, "crop", "adm") == "object"):
         return dataset
     path = Path(out) / PROBE_FILE
+    if procs is None:  # this process alone
+        from types import SimpleNamespace
+
+        procs = SimpleNamespace(is_main=True, distributed=False)
     if procs.is_main:
         probe = None
         if path.is_file():

@@ -13,7 +13,9 @@ it says about samples (:func:`score`):
 - **mirrored rate**: of the samples of a class a mirror changes, the share the judge calls that class mirrored;
   beside it the data's own rate, the share of real held-out files it calls mirrored (its error);
 - **cut rate**: the share of samples whose object touches the frame (:func:`touches_frame`), beside the rate of
-  the real files prepared the same way (an object the crop cut touches the frame).
+  the real files prepared the same way (an object the crop cut touches the frame);
+- **empty rate**: the share of samples that show no object at all (:func:`is_empty`); the judge files them under
+  some class all the same, so the mirrored rate is also given over the samples that show something.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ import numpy as np
 import torch
 
 from ..data.bench import ASYMMETRIC, CLASSES, check_kind, real_files
-from .shapes import SilhouetteJudge, silhouette
+from .shapes import MIRRORED, SilhouetteJudge, background_distance, silhouette
 
 #: Seed of the judges' real files: no folder of the bench is written from it.
 JUDGE_SEED = 1_000_033
-MIRRORED = " (mirrored)"
 #: A sample's object touches the frame when at least this many of its outermost pixels are foreground
 #: (silhouette above one half).
 FRAME_PIXELS = 2
+#: A sample shows no object when no pixel differs from the border's colour by this much (on [-1, 1] channels;
+#: every real object differs by 60 grey levels or more, about 0.47).
+EMPTY_CONTRAST = 0.25
 
 
 def prepare_files(images, image_size: int, crop: str, mode: str = "RGB") -> torch.Tensor:
@@ -56,6 +60,13 @@ def touches_frame(images) -> np.ndarray:
     fg = silhouette(x)[:, 0] > 0.5
     ring = torch.cat([fg[:, 0, :], fg[:, -1, :], fg[:, 1:-1, 0], fg[:, 1:-1, -1]], dim=1)
     return (ring.sum(dim=1) >= FRAME_PIXELS).numpy()
+
+
+def is_empty(images) -> np.ndarray:
+    """For each image ``(N, C, H, W)`` in [-1, 1]: does it show no object at all (:data:`EMPTY_CONTRAST`)? The
+    judge still files such an image under some class."""
+    x = torch.as_tensor(images).float()
+    return (background_distance(x).amax(dim=(1, 2, 3)) < EMPTY_CONTRAST).numpy()
 
 
 class BenchJudge(SilhouetteJudge):
@@ -100,18 +111,6 @@ class BenchJudge(SilhouetteJudge):
         self.real_frame_rate = float(touches_frame(xv).mean())
         self.seconds = time.perf_counter() - started
 
-    def mirrored_rate(self, images, labels) -> dict:
-        """Per class a mirror changes: the share of ``images`` of that class (``labels`` in the judge's label
-        space) the judge calls mirrored."""
-        predicted = self.predict(images)
-        labels = np.asarray(torch.as_tensor(labels))
-        out = {}
-        for k, name in enumerate(self.classes[: len(self.classes) - len(self.asymmetric)]):
-            if name in self.asymmetric and (labels == k).any():
-                mirror = self.classes.index(name + MIRRORED)
-                out[name] = float((predicted[labels == k] == mirror).mean())
-        return out
-
 
 @functools.lru_cache(maxsize=6)
 def judge(kind: str, image_size: int = 16, crop: str = "object", mode: str = "RGB") -> BenchJudge:
@@ -129,6 +128,10 @@ def score(images, labels, judge: BenchJudge) -> dict:
     out = classwise_score(images, labels, judge)
     mirrored = judge.mirrored_rate(images, labels)
     asym = np.isin(np.asarray(torch.as_tensor(labels)), [judge.classes.index(c) for c in judge.asymmetric])
+    empty = is_empty(images)
+    called = out["predicted"] >= len(judge.classes) - len(judge.asymmetric)
+    out.update(empty_rate=float(empty.mean()), real_empty_rate=float(is_empty(judge.real_images("val")[0]).mean()),
+               mirrored_rate_drawn=float(called[asym & ~empty].mean()) if (asym & ~empty).any() else 0.0)
     out.update(mirrored_rate_per_class=mirrored,
                mirrored_rate=float(np.mean([out["predicted"][asym] >= len(judge.classes) - len(judge.asymmetric)]))
                if asym.any() else 0.0,

@@ -26,14 +26,17 @@ MAX_PER_CLASS = 400
 class FolderJudge(SilhouetteJudge):
     """A judge fitted on the files of the ImageFolder ``root`` as a trainer reads them at ``image_size`` with
     ``crop`` and ``mode``. ``flip``: the trainer's flips (True, False, or the labels whose files flip): the judge
-    learns those classes from their mirror images too, and no others. Attributes beside the judge interface:
-    ``root``, ``num_train``, ``num_val``, ``seconds``."""
+    learns those classes from their mirror images too. ``asymmetric``: the names of the classes a mirror changes
+    (the probe's, :mod:`dit_core.data.probe`): the judge learns their mirror images as classes of their own,
+    ``"<class> (mirrored)"``, so it can say when a sample is drawn mirrored (:meth:`mirrored_rate`). Attributes
+    beside the judge interface: ``root``, ``num_train``, ``num_val``, ``seconds``."""
 
-    def __init__(self, root, image_size: int, crop: str = "object", mode: str = "RGB", flip=False,
+    def __init__(self, root, image_size: int, crop: str = "object", mode: str = "RGB", flip=False, asymmetric=(),
                  epochs: int = 12, seed: int = 0, max_per_class: int = MAX_PER_CLASS):
         from ..data.images import LOAD_ERRORS, ImageFolderDataset, flips_label
         from ..data.probe import _spread
         from .bench import _shift
+        from .shapes import MIRRORED
 
         started = time.perf_counter()
         data = ImageFolderDataset(root, image_size, mode=mode, flip=False, center_crop=crop)
@@ -56,8 +59,15 @@ class FolderJudge(SilhouetteJudge):
         train, val = ((torch.stack(xs) if xs else torch.empty(0, *data.sample_shape), torch.tensor(ys, dtype=torch.long))
                       for xs, ys in split.values())
         x, y = train
-        mirror = torch.tensor([flips_label(flip, int(c)) for c in y], dtype=torch.bool)
-        if mirror.any():  # the classes the trainer flips: their mirror images are the class too
-            train = (torch.cat([x, x[mirror].flip(-1)]), torch.cat([y, y[mirror]]))
-        self.fit(data.classes, train, val, epochs, seed, augment=_shift)
+        classes = [str(c) for c in data.classes]
+        self.asymmetric = [c for c in classes if c in set(asymmetric)]
+        other = {classes.index(c): len(classes) + k for k, c in enumerate(self.asymmetric)}
+        same = torch.tensor([flips_label(flip, int(c)) and int(c) not in other for c in y], dtype=torch.bool)
+        changed = torch.tensor([int(c) in other for c in y], dtype=torch.bool)
+        # the classes the trainer flips: their mirror images are the class too; those a mirror changes: another class
+        mirrored_labels = torch.tensor([other.get(int(c), int(c)) for c in y], dtype=torch.long)
+        keep = same | changed
+        if keep.any():
+            train = (torch.cat([x, x[keep].flip(-1)]), torch.cat([y, mirrored_labels[keep]]))
+        self.fit(classes + [c + MIRRORED for c in self.asymmetric], train, val, epochs, seed, augment=_shift)
         self.seconds = time.perf_counter() - started

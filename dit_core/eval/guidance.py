@@ -13,7 +13,8 @@ files (:class:`dit_core.eval.folder.FolderJudge`, whose held-out accuracy is its
   spread, class by class, less than :data:`MIN_SPREAD` of as much as the folder's own held-out files do (in the
   judge's feature space, :func:`spread_ratio`) is out;
 - **the choice.** Of the others, the highest share of samples the judge names right; settings within
-  :data:`TIE` of it count as equal, and of those the one whose samples spread most is taken.
+  :data:`TIE` of it count as equal, and of those the one whose samples lie closest to the folder's files as a
+  whole (the Fréchet distance in the judge's features, the same number of samples for each) is taken.
 
 The choice is written to ``<run>/guidance.json`` with every candidate's figures; ``dit-sample`` and
 :func:`dit_core.sample.load_model` sample the run with it (an explicit ``--cfg-scale`` still wins). ``dit-train``
@@ -40,6 +41,8 @@ MIN_SPREAD = 0.75
 TIE = 0.02
 #: The noise of the samples (the same for every setting).
 SEED = 123
+#: The chosen setting's samples, in the run's ``samples/`` folder.
+GRID = "chosen_guidance.png"
 
 
 def spread_ratio(features: np.ndarray, labels, real_features: np.ndarray, real_labels) -> float:
@@ -57,13 +60,13 @@ def spread_ratio(features: np.ndarray, labels, real_features: np.ndarray, real_l
 
 
 def pick(rows: list[dict], min_spread: float = MIN_SPREAD, tie: float = TIE) -> dict:
-    """The chosen row of ``rows`` (each with ``accuracy`` and ``spread``), by the rule of the module docstring;
-    when every setting fails the guard, the one that spreads most."""
+    """The chosen row of ``rows`` (each with ``accuracy``, ``spread`` and ``frechet_distance``), by the rule of the
+    module docstring; when every setting fails the guard, the one that spreads most."""
     allowed = [r for r in rows if r["spread"] >= min_spread]
     if not allowed:
         return max(rows, key=lambda r: r["spread"])
     best = max(r["accuracy"] for r in allowed)
-    return max((r for r in allowed if r["accuracy"] >= best - tie), key=lambda r: r["spread"])
+    return min((r for r in allowed if r["accuracy"] >= best - tie), key=lambda r: r["frechet_distance"])
 
 
 def run_folder_judge(config: dict, image_size: int, channels: int, run: Path | None = None):
@@ -72,25 +75,30 @@ def run_folder_judge(config: dict, image_size: int, channels: int, run: Path | N
     from ..data.probe import PROBE_FILE, FolderProbe
     from .folder import FolderJudge
 
-    flip = config.get("flip", True)
+    flip, asymmetric = config.get("flip", True), []
     probe_path = Path(run) / PROBE_FILE if run is not None else None
-    if flip == "auto":
-        flip = True
-        if probe_path is not None and probe_path.is_file():
-            probe = FolderProbe.from_dict(json.loads(probe_path.read_text()))
+    if probe_path is not None and probe_path.is_file():
+        probe = FolderProbe.from_dict(json.loads(probe_path.read_text()))
+        asymmetric = probe.asymmetric()
+        if flip == "auto":
             flip = probe.flip_setting() if probe.mirror else True
+    elif flip == "auto":
+        flip = True
     if not config.get("data_path") or not Path(config["data_path"]).is_dir():
         raise FileNotFoundError(f"the run's folder {config.get('data_path')!r} is not here: the guidance is chosen "
                                 "with a judge fitted on it")
     return FolderJudge(config["data_path"], image_size, crop=config.get("crop", "adm"),
-                       mode="L" if channels == 1 else "RGB", flip=flip, seed=int(config.get("seed", 0)))
+                       mode="L" if channels == 1 else "RGB", flip=flip, asymmetric=asymmetric,
+                       seed=int(config.get("seed", 0)))
 
 
 def evaluate(model, process, judge, class_names, sampler: str, steps: int, candidates=CANDIDATES,
              per_class: int = PER_CLASS, seed: int = SEED, device=None, amp: str = "auto",
              progress: bool = False) -> list[dict]:
     """Each candidate's figures: ``cfg_scale``, ``interval``, ``accuracy``, ``per_class``, ``spread``
-    (:func:`spread_ratio` against the judge's held-out files) and ``frechet_distance``."""
+    (:func:`spread_ratio` against the judge's held-out files), ``mirrored`` (per class a mirror changes, the share
+    of its samples the judge calls mirrored) and ``frechet_distance``; the samples themselves
+    under ``images`` and ``labels`` (the model's)."""
     from .classwise import sample_and_score
 
     xv, yv = judge.real_images("val")
@@ -102,16 +110,19 @@ def evaluate(model, process, judge, class_names, sampler: str, steps: int, candi
                                    cfg_scale=scale, sampler=sampler, steps=steps, seed=seed, device=device, amp=amp,
                                    guidance_interval=interval, progress=progress)
         spread = spread_ratio(judge.features(out["images"]), out["judge_labels"].numpy(), real_features, yv.numpy())
+        mirrored = judge.mirrored_rate(out["images"], out["judge_labels"]) if getattr(judge, "asymmetric", None) else {}
         rows.append({"cfg_scale": float(scale), "interval": list(interval) if interval else None,
                      "accuracy": out["class_accuracy"], "per_class": out["per_class_accuracy"], "spread": spread,
-                     "frechet_distance": out["frechet_distance"]})
+                     "mirrored": mirrored,
+                     "frechet_distance": out["frechet_distance"], "images": out["images"], "labels": out["labels"]})
     return rows
 
 
 def choose_guidance(run, device="cpu", judge=None, candidates=CANDIDATES, per_class: int = PER_CLASS,
                     seed: int = SEED, write: bool = True, progress: bool = False) -> dict:
     """Choose the guidance of the run in folder ``run`` (its ``checkpoints/last.pt``) for its folder and, with
-    ``write``, record it in ``<run>/guidance.json``. ``judge``: another judge (default: a
+    ``write``, record it in ``<run>/guidance.json`` (and the chosen setting's samples in ``samples/`` as
+    :data:`GRID`). ``judge``: another judge (default: a
     :class:`~dit_core.eval.folder.FolderJudge` of the run's folder). Returns the record: ``chosen``
     (``cfg_scale``, ``interval``), ``candidates`` (every setting's figures), the judge's ``ceiling``, ``rule``,
     ``seconds``."""
@@ -135,12 +146,19 @@ def choose_guidance(run, device="cpu", judge=None, candidates=CANDIDATES, per_cl
     rows = evaluate(model, process_of(info, model.learn_sigma), judge, names, info.get("sampler") or "euler",
                     int(info.get("steps") or 50), candidates, per_class, seed, device, progress=progress)
     chosen = pick(rows)
+    if write:  # the chosen setting's samples, 8 a class: what dit-sample will draw
+        from ..sample import save_grid
+
+        keep = torch.cat([torch.nonzero(chosen["labels"] == c).flatten()[:8] for c in chosen["labels"].unique()])
+        save_grid(chosen["images"][keep], run / "samples" / GRID, nrow=min(8, per_class),
+                  labels=[names[int(c)] for c in chosen["labels"][keep]])
+    rows = [{k: v for k, v in r.items() if k not in ("images", "labels")} for r in rows]
     record = {"chosen": {"cfg_scale": chosen["cfg_scale"], "interval": chosen["interval"]},
               "candidates": rows, "ceiling": float(judge.val_accuracy), "judge": type(judge).__name__,
               "held_out_files": int(getattr(judge, "num_val", 0)), "per_class": per_class,
               "sampler": info.get("sampler"), "steps": info.get("steps"), "step": _step(ckpt),
               "rule": f"highest accuracy among settings whose samples spread at least {MIN_SPREAD:g} of the "
-                      f"held-out files' spread; within {TIE:.0%} of it, the most varied",
+                      f"held-out files' spread; within {100 * TIE:.0f} points of it, the lowest Fréchet distance",
               "seconds": round(time.perf_counter() - started, 1)}
     if write:
         atomic_write_text(run / GUIDANCE_FILE, json.dumps(record, indent=1) + "\n")
@@ -164,5 +182,7 @@ def format_choice(record: dict) -> str:
              f"{record['per_class']} samples a class and setting):"]
     for r in record["candidates"]:
         mark = "  <- chosen" if (r["cfg_scale"], r["interval"]) == (chosen["cfg_scale"], chosen["interval"]) else ""
-        lines.append(f"  {name(r):>14}: {100 * r['accuracy']:5.1f} % right, spread {r['spread']:.2f}{mark}")
+        mirrored = r.get("mirrored") or {}
+        also = (", mirrored " + ", ".join(f"{c} {100 * v:.0f} %" for c, v in mirrored.items())) if mirrored else ""
+        lines.append(f"  {name(r):>14}: {100 * r['accuracy']:5.1f} % right, spread {r['spread']:.2f}{also}{mark}")
     return "\n".join(lines)

@@ -248,6 +248,25 @@ class SilhouetteJudge:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         return self._real[split]
 
+    #: The classes a mirror changes, each with a class of its own ``"<class> (mirrored)"`` after the others.
+    asymmetric: list = []
+
+    def mirrored_rate(self, images, labels) -> dict:
+        """Per class a mirror changes: the share of ``images`` of that class (``labels`` in the judge's label
+        space) the judge calls that class mirrored."""
+        predicted = self.predict(images)
+        labels = np.asarray(torch.as_tensor(labels))
+        out = {}
+        for name in self.asymmetric:
+            k = self.classes.index(name)
+            if (labels == k).any():
+                out[name] = float((predicted[labels == k] == self.classes.index(name + MIRRORED)).mean())
+        return out
+
+
+#: The suffix of a judge's class for the mirror images of a class a mirror changes.
+MIRRORED = " (mirrored)"
+
 
 class ShapesClassifier(SilhouetteJudge):
     """A :class:`ShapeNet` fitted on real shapes of ``classes`` as the trainer reads them at ``image_size``.
@@ -304,7 +323,8 @@ def main(argv=None) -> dict:
     p.add_argument("--npz", default=None, help="score these samples (arr_0 uint8 NHWC and labels) instead")
     p.add_argument("--classes", default=None, help="class names in the model's label order (default: the run's)")
     p.add_argument("--per-class", type=int, default=50)
-    p.add_argument("--cfg-scale", type=float, default=None, help="default: the run's sample_cfg_scale")
+    p.add_argument("--cfg-scale", type=float, default=None, help="default: the run's chosen guidance (guidance.json), "
+                   "else its sample_cfg_scale")
     p.add_argument("--sampler", default=None, help="default: the run's sample_sampler")
     p.add_argument("--steps", type=int, default=None, help="default: the run's sample_steps")
     p.add_argument("--seed", type=int, default=0)
@@ -337,9 +357,11 @@ def main(argv=None) -> dict:
             model, diffusion, judge, class_names=names, per_class=args.per_class,
             cfg_scale=args.cfg_scale if args.cfg_scale is not None else (info.get("cfg_scale") or 1.0),
             sampler=args.sampler or info.get("sampler") or "ddim", steps=args.steps or info.get("steps") or 50,
-            seed=args.seed, progress=True)
+            seed=args.seed, progress=True,
+            guidance_interval=info.get("guidance_interval") if args.cfg_scale is None else None)
         summary = {"checkpoint": str(args.checkpoint)}
-        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "sampler", "steps", "seed")})
+        summary.update({k: result[k] for k in ("class_names", "per_class_samples", "cfg_scale", "guidance_interval",
+                                               "sampler", "steps", "seed")})
         images = result["images"]
     summary.update({k: result[k] for k in ("class_accuracy", "per_class_accuracy", "clean_accuracy",
                                            "per_class_clean_accuracy", "frechet_distance", "real_floor",

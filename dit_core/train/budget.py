@@ -20,7 +20,8 @@ an uninterrupted one. (A run stopped before the decision measures again when it 
 run on past its length, resume it with ``--max-minutes 0 --max-steps N``.)
 
 The budget covers the training steps; the sample grids and checkpoints written along the way come on top
-(they are seconds each), so a profile leaves them some room (``small-images`` asks for 9.5 minutes). The length
+(they are seconds each), so a profile leaves them some room (``small-images`` asks for 9 minutes, and its
+guidance search after training takes about half a minute more). The length
 is an estimate: on a shared machine the speed varies (windows of 50 steps took 204 to 275 ms a step on the
 2-core CPU this was measured on). If the steps become slower than measured, the run ends when its minutes are
 spent, before the planned length (with the usual last checkpoint and grid, and a note in the log); resuming it

@@ -169,9 +169,14 @@ def choose_guidance_after(cfg: TrainConfig, summary: dict, dataset=None) -> dict
     if not (cfg.guidance_search and not summary.get("interrupted") and dataset is None and cfg.latents_path is None and cfg.class_cond
             and int(os.environ.get("RANK", "0")) == 0 and not cfg.debug):
         return summary
+    import json
+
     from ..eval.guidance import choose_guidance, format_choice
     from ..runtime import usable_cores
 
+    done = Path(cfg.out) / "guidance.json"  # a finished run started again: its choice stands
+    if done.is_file() and json.loads(done.read_text()).get("step") == summary.get("steps"):
+        return {**summary, "guidance": json.loads(done.read_text())["chosen"], "guidance_seconds": 0.0}
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, min(usable_cores(), int(summary.get("processes") or 1) * threads)))
     try:

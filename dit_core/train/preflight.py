@@ -319,12 +319,10 @@ CUT_WARNING = 0.1
 def _folder(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
     """What the folder's probe found against settings chosen by hand: flips on classes a mirror changes, a centre
     crop that cuts many objects."""
-    from ..data.probe import MIRROR_THRESHOLD
-
     probe, found = facts.folder, []
     if not probe:
         return found
-    changed = {c: a for c, a in probe.get("mirror", {}).items() if a >= MIRROR_THRESHOLD}
+    changed = _changed(probe)
     if cfg.flip is True and changed:
         found.append(_warn(
             "flip", f"flip true mirrors every class, but a classifier tells files of {_names(changed)} from their "
@@ -339,6 +337,14 @@ def _folder(cfg: TrainConfig, facts: DatasetFacts) -> list[Finding]:
                     f"as part of the data.",
             "--crop object (the square placed where the object is)."))
     return found
+
+
+def _changed(probe: dict) -> dict:
+    """The classes of a probe (as a dict) that a mirror changes, with the share of mirror images told apart."""
+    from ..data.probe import FolderProbe
+
+    found = FolderProbe.from_dict(probe)
+    return {c: found.mirror[c] for c in found.asymmetric()}
 
 
 def _names(shares: dict) -> str:
@@ -367,8 +373,8 @@ def decisions(cfg: TrainConfig, facts: DatasetFacts) -> list[str]:
     lines = []
     mirror = probe.get("mirror") or {}
     if cfg.flip == "auto" and mirror:
-        kept = {c: a for c, a in mirror.items() if a < MIRROR_THRESHOLD}
-        changed = {c: a for c, a in mirror.items() if a >= MIRROR_THRESHOLD}
+        changed = _changed(probe)
+        kept = {c: a for c, a in mirror.items() if c not in changed}
         how = (f"a classifier fitted in {probe.get('seconds', 0):.0f} s told held-out files from their mirror images "
                f"(chance: 50 %; {_pct(MIRROR_THRESHOLD)} or more: a mirror changes the class)")
         if not changed:
