@@ -1,20 +1,22 @@
-"""The reader's DiT: the parts that chapter 3's exercises ask for, as the chapter's solutions write them.
+"""The book's solutions of chapter 3's exercises: DiT's parts as the chapter's folded solution cells write them.
 
-Chapter 3 shows ``dit_core.models``, then asks the reader to write DiT's own parts and checks each against it
-(:mod:`dit_book.exercises`): patchify (exercise 4), the timestep embedding (5), the label embedding with its null
-class (6), the adaLN-Zero block (7), the final layer (8) and the assembled model (9), which loads a ``dit_core``
-``DiT``'s state dict and gives its outputs. The folded solution cells of chapter 3 hold exactly the code of this
-file (``tests/test_my_dit.py`` checks that the two are the same), so that chapter 5 can train the DiT a reader
-wrote without re-running chapter 3: it imports this module. To train your own version instead, put your classes
-here in place of these (they must keep the names and the parameter names, which are the official checkpoints').
+Chapter 3 shows ``dit_core.models``, then asks the reader to write DiT's own parts in ``%%answer`` cells, each
+checked against it (:mod:`dit_book.exercises`): patchify (exercise 4), the timestep embedding (5), the label
+embedding with its null class (6), the adaLN-Zero block (7), the final layer (8) and the assembled model (9), which
+loads a ``dit_core`` ``DiT``'s state dict and gives its outputs. The chapter's ``%%solution`` cells hold exactly the
+code of this file (``tests/test_my_dit.py`` checks that the two are the same).
+
+:func:`dit_book.reader.load` assembles the reader's DiT for chapters 5 and 7 from the parts they saved in
+``READER_DIR``; this module is the book's solution that stands in for each part they have not written, or that
+does not pass its check (:func:`dit_book.reader.book_source` reads its definitions; the imports below, with
+:mod:`dit_book.my_diffusion`'s, are what every ``%%answer`` cell starts with).
 
 What the reader does not write: the ViT's attention and MLP (``dit_core.attention.Attention``,
 ``dit_core.models.Mlp``; the official code takes them from timm), the strided convolution of the patch embedding
 (``dit_core.models.PatchEmbed``, which exercise 4 shows to be a linear layer on the patches), the fixed
-sine-cosine position table (``dit_core.models.sincos_2d``) and the weights' initialisation beyond adaLN-Zero
-(chapter 5 starts the reader's model from the initial weights of ``dit_core``'s, so both start alike).
-The real code stays in :mod:`dit_core.models`; this module is the book's exercise, and nothing in ``dit_core``
-uses it.
+sine-cosine position table (``dit_core.models.sincos_2d``) and the weights' initialisation (chapter 5 loads the
+initial weights of ``dit_core``'s DiT into the reader's model, so both start alike). The real code stays in
+:mod:`dit_core.models`; this module is the book's exercise, and nothing in ``dit_core`` uses it.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ Everything here runs the reader's code as :func:`dit_book.reader.load` assembles
 written. Nothing here re-implements them; what it adds is the plumbing around them:
 
 * :func:`train`: the minimal loop of section 5.2, a random batch of digits per step and ``yours.training_step``,
-  on ``yours.DiT`` at :data:`SIZE`, started from ``dit_core``'s initial weights (the reader's classes set only
-  adaLN-Zero's zeros), with an EMA of decay 0.99;
+  on ``yours.DiT`` at :data:`SIZE`, started from ``dit_core``'s initial weights (drawn first, then loaded into the
+  reader's classes, which replaces whatever their ``__init__`` set: the start does not depend on how many random
+  numbers it drew), with an EMA of decay 0.99; it records whose code made the model (:data:`MADE_BY`,
+  :func:`made_by`);
 * :func:`save` and :func:`load`: a training checkpoint in ``dit_core``'s layout (``model``, ``ema``, ``config``),
   which :func:`dit_core.load_dit` and :func:`dit_core.sample.load_model` open as they are (the parameter names are
   the official ones by construction: the checker of chapter 3 loads ``dit_core``'s weights into the reader's
@@ -16,7 +18,8 @@ written. Nothing here re-implements them; what it adds is the plumbing around th
   :func:`dit_core.sample.generate` takes, from the starting noise it draws for the same seed (sample ``i`` from a
   generator seeded with ``seed + i``), so that the two can be compared number for number;
 * :func:`publish`: one HTML file with a live sampler of the model (:func:`dit_book.browser.standalone_page`),
-  exported from the reader's own classes.
+  exported from the reader's own classes. The page samples with the library's loops (``generate``'s DDIM and DDPM,
+  run by ONNX Runtime Web), not with the reader's DDIM step and guidance, which :func:`sample` runs.
 
 Chapter 7 trains the model itself (:func:`ensure`) when chapter 5's checkpoint is missing, and says so.
 """
@@ -31,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from . import reader
+
 #: The reader's DiT of section 5.2: 2 blocks of width 64 on the 8x8 digits, patches of 2, a learned variance.
 SIZE = dict(input_size=8, patch_size=2, in_channels=1, num_classes=10, depth=2, hidden_size=64, num_heads=2)
 #: The noise schedule of the digits (chapter 5.1).
@@ -41,12 +46,15 @@ CHECKPOINT = "your_dit.pt"
 BATCH, LR, EMA_DECAY = 64, 5e-3, 0.99
 #: How the page and chapter 7 sample it by default: DDIM, 50 steps, guidance 2 (the digits profile's).
 SAMPLER_STEPS, CFG_SCALE = 50, 2.0
+#: The parts whose code made a trained model: the DiT's, the training step and the ``q_sample`` that the book's step
+#: calls. The sampler's parts (the DDIM step, guidance) act only when the model is sampled.
+MADE_BY = (*reader.MODEL_PARTS, "q_sample", "training_step")
 
 
 @dataclass
 class Trained:
     """A trained model of the reader's: the model, its EMA, the loss of every step, the seconds the loop took, and
-    whose each part of the code was (:attr:`dit_book.reader.Yours.parts`)."""
+    whose each part of the code that made it was (:data:`MADE_BY`, from :attr:`dit_book.reader.Yours.parts`)."""
 
     model: torch.nn.Module
     ema: torch.nn.Module
@@ -96,8 +104,9 @@ def train(yours, x, y, *, steps: int, batch: int = BATCH, lr: float = LR, ema_de
     from dit_core.models import DiT
 
     torch.manual_seed(seed)
-    model = yours.DiT(**SIZE)
-    model.load_state_dict(DiT(**SIZE).state_dict())    # dit_core's initialisation: Xavier, N(0, 0.02), zeros
+    initial = DiT(**SIZE).state_dict()                 # dit_core's initialisation: Xavier, N(0, 0.02), zeros,
+    model = yours.DiT(**SIZE)                          # drawn before the reader's __init__ draws anything
+    model.load_state_dict(initial)                     # replaces whatever that __init__ set
     model.eval()                                       # eval(): the step drops the labels itself
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -108,13 +117,27 @@ def train(yours, x, y, *, steps: int, batch: int = BATCH, lr: float = LR, ema_de
         for _ in tqdm(range(steps), desc="your DiT", disable=not progress):
             idx = torch.randint(len(x), (batch,), generator=g)                # a random batch of digits
             losses.append(float(yours.training_step(model, ema, opt, process, x[idx], y[idx], g, ema_decay)))
-    return Trained(model, ema, losses, time.perf_counter() - start, steps, dict(getattr(yours, "parts", {})))
+    parts = {p: r for p, r in getattr(yours, "parts", {}).items() if p in MADE_BY}
+    return Trained(model, ema, losses, time.perf_counter() - start, steps, parts)
+
+
+def made_by(config: dict) -> str:
+    """Whose code made the model of a checkpoint (its ``config``, as :func:`load` returns it): a sentence with the
+    titles of the reader's parts and of the book's solutions that stood in."""
+    parts = {p: whose for p, whose in config.get("yours", {}).get("parts", {}).items() if p in MADE_BY}
+    mine = [reader.PARTS[p].title for p, whose in parts.items() if whose == "yours"]
+    books = [reader.PARTS[p].title for p, whose in parts.items() if whose != "yours"]
+    if not mine:
+        return "made by the book's solutions alone (none of your parts yet)"
+    return f"made by your {', '.join(mine)}" + (f"; the book's solutions stood in for {', '.join(books)}"
+                                                 if books else "")
 
 
 def save(path, trained: Trained) -> Path:
     """Write ``trained`` as a ``dit_core`` training checkpoint (atomically): the weights, the EMA (which samplers
     prefer), and a ``config`` with the model's arguments, the noise schedule, the class names, the sampling
-    defaults and, under ``yours``, whose each part of the code was and how it trained."""
+    defaults and, under ``yours``, whose each part of the code that made it was (:data:`MADE_BY`) and how it
+    trained."""
     from dit_core.checkpoint import atomic_save
 
     parts = {p: ("yours" if r.yours else f"the book's ({r.reason})") for p, r in trained.parts.items()}
@@ -203,12 +226,13 @@ def publish(model, path, *, title: str = "Your DiT, live", intro: str = "", runt
     """One HTML file at ``path`` that samples ``model`` (the reader's) in a browser, opened from disk, without a
     kernel: its ONNX export (the reader's own classes, rebuilt as ``dit_core``'s DiT from :func:`config`), the
     sampling tables of the digits' schedule and ONNX Runtime Web, inlined (:func:`dit_book.browser.write_standalone`;
-    the runtime comes from ``make vendor``). Returns the :class:`~dit_book.browser.LiveSampler` (for the book's page,
-    which links to the file) and the file's path, or None with the reason when ONNX Runtime Web is not there."""
+    the runtime comes from ``make vendor``). The page samples with the library's loops, not the reader's DDIM step
+    and guidance. Returns the :class:`~dit_book.browser.LiveSampler` (for the book's page, which links to the file)
+    and the file's path, or None with the reason when ONNX Runtime Web is not there."""
     from .browser import live_sampler, runtime_folder, write_standalone
 
     widget = live_sampler(model, diffusion(model.learn_sigma), name=name, config=config(), cfg_scale=cfg_scale,
-                          steps=steps, note="Your DiT, trained by your own code.")
+                          steps=steps, note="Your DiT's weights, sampled with the library's DDIM and DDPM loops.")
     try:
         runtime = runtime_folder(runtime)
     except FileNotFoundError as err:

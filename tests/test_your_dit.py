@@ -45,7 +45,9 @@ def test_the_checkpoint_opens_in_dit_core_as_the_same_network(trained):
     _, yours, result, path = trained
     library = load_dit(path)  # the EMA weights, as samplers prefer
     mine, config = your_dit.load(path, yours)
-    assert type(mine) is yours.DiT and config["yours"]["parts"]["guidance"] == "yours"
+    assert type(mine) is yours.DiT
+    # the parts that made the model, no others: the guidance written here samples it, it did not train it
+    assert set(config["yours"]["parts"]) == set(your_dit.MADE_BY) and yours.parts["guidance"].yours
     assert config["yours"]["parts"]["training_step"] == "the book's (not written)"
     x, t, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 10, 500, 999]), torch.tensor([1, 10, 3, 7])
     with torch.no_grad():
@@ -55,6 +57,41 @@ def test_the_checkpoint_opens_in_dit_core_as_the_same_network(trained):
     assert (info["kind"], info["space"], info["noise_schedule"]) == ("dit_core", "pixel", your_dit.SCHEDULE)
     assert info["label_names"] == [str(d) for d in range(10)] and info["null_class"]
     assert len(result.losses) == 12 and all(v == v for v in result.losses)  # finite: the loop ran the steps
+
+
+def test_the_page_and_the_chapter_name_the_parts_that_made_the_model():
+    parts = {p: "the book's (not written)" for p in your_dit.MADE_BY}
+    assert your_dit.made_by({"yours": {"parts": parts}}) == "made by the book's solutions alone (none of your parts yet)"
+    parts.update(patchify="yours", training_step="yours", guidance="yours", newton_schulz="yours")
+    said = your_dit.made_by({"yours": {"parts": parts}})
+    assert said.startswith("made by your patchify, training step; the book's solutions stood in for timestep "
+                           "embedding, label embedding, adaLN-Zero block, final layer, DiT, q_sample")
+    assert "guidance" not in said and "Newton" not in said  # recorded by an older checkpoint: not what made it
+
+
+def test_the_start_does_not_depend_on_what_the_readers_init_draws():
+    """The library's initial weights are drawn before the reader's class is built: two classes whose __init__ draw
+    different amounts of random numbers start from the same weights, dit_core's for the same seed."""
+    from types import SimpleNamespace
+
+    from dit_book import my_dit
+    from dit_core.models import DiT
+
+    class Thrifty(my_dit.DiT):
+        pass
+
+    class Lavish(my_dit.DiT):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            torch.randn(10_000)  # an __init__ that draws more, e.g. an initialisation of its own
+
+    x, y = digits(64)
+    starts = [your_dit.train(SimpleNamespace(DiT=cls), x, y, steps=0, progress=False, seed=3).model.state_dict()
+              for cls in (Thrifty, Lavish)]
+    torch.manual_seed(3)
+    library = DiT(**your_dit.SIZE).state_dict()
+    for start in starts:
+        assert start.keys() == library.keys() and all(torch.equal(start[k], library[k]) for k in library)
 
 
 def test_the_readers_sampler_is_the_librarys_from_the_same_seed(trained):
@@ -137,7 +174,8 @@ def test_the_page_is_one_file_that_asks_for_nothing(page):
     assert text.startswith("<!doctype html>") and "<p>trained by the tests</p>" in text
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", text), "the page loads nothing from elsewhere"
     assert text.count("</script>") == 4 and 'data-dit-live="your-dit"' in text  # runtime, wasm, model, dit_live.js
-    assert widget.bundle["config"] == your_dit.config() and "Your DiT, trained by your own code." in text
+    assert widget.bundle["config"] == your_dit.config()
+    assert "Your DiT's weights, sampled with the library's DDIM and DDPM loops." in text  # not the reader's step
 
 
 @pytest.mark.browser
