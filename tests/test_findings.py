@@ -1,7 +1,8 @@
 """The paper's findings in miniature (dit_book.findings, chapter 7c): the study's grids, one real run at toy size,
 and the reading of its records (spreads over seeds, Gflops-quality correlations, the size-patch trade-offs), on
-records made up here and on the paper's own Table 4 (dit_book.paper), read by the same code; the GPU track's
-variants, cost estimates and the plan that fits its cell."""
+records made up here and on the paper's own Table 4 (dit_book.paper), read by the same code; the figures chapter 7c
+and benchmarks/results/paper-findings.md state, computed from the committed JSON; the GPU track's variants, cost
+estimates and the plan that fits its cell (or says it cannot)."""
 
 from __future__ import annotations
 
@@ -313,3 +314,213 @@ def test_the_papers_own_example_is_the_papers():
                          r"DiT-B/4.{0,20}, ends at " + f"{s['DiT-L/8'][2]:.2f} against {s['DiT-B/4'][2]:.2f}",
                          text, re.I), path.name
         assert "chapter's other pair" not in text, path.name
+
+
+def test_chapter_7c_and_the_record_state_the_jsons_figures():
+    """Every figure chapter 7c's prose states from the digits records, and paper-findings.md with it, computed here
+    from the committed JSON by findings' own functions (summarize_curves, leads, ordering, separated, compute_to,
+    correlations, trade_offs, scaling_checks) and found in both texts: dit_book.records.QUOTES binds the chapter to
+    the record's prose, this binds both to the JSON. (The CPU minutes of the first runs come from /usr/bin/time, which
+    the JSON does not hold.)"""
+    from dit_book.records import prose
+
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+    texts = {"7c": prose(root / "book" / "07c_paper_findings.ipynb"), "record": prose(results / "paper-findings.md")}
+    missing = []
+
+    def says(where, *figures):
+        for figure in figures:
+            if figure not in texts[where]:
+                missing.append(f"{where}: {figure!r}")
+
+    def both(figure):
+        says("7c", figure)
+        says("record", figure)
+
+    def load(name):
+        return study.load_records(results / name)
+
+    def pct(v):  # 0.84 -> "84", 0.605 -> "60.5"
+        return f"{100 * v:.1f}".removesuffix(".0")
+
+    def at(row, key, step):
+        return next(p for p in row[key] if p["step"] == step)
+
+    def step_range(p):  # as the record writes a spread of accuracies: 35.0 % [26.0, 42.0]
+        return f"{100 * p['median']:.1f} % [{100 * p['min']:.1f}, {100 * p['max']:.1f}]"
+
+    # the block designs
+    data = load(findings.RECORD_FILES["blocks"])
+    (run,) = {(r["max_steps"], r["batch_size"], r["eval_every"], r["per_class"], r["eval_steps"], r["cfg_scale"])
+              for r in data["runs"]}
+    last, batch, every, per_class, eval_steps, cfg_scale = run
+    blocks = findings.summarize_curves(data["runs"])
+    b = {r["variant"]: r for r in blocks}
+    assert {r["seeds"] for r in blocks} == {3} and cfg_scale == 1.0
+    says("7c", f"({last} steps of {batch} images", f"three seeds each, and scores the EMA model every {every} steps",
+         f"{per_class} unguided samples per class", f"{eval_steps} DDIM steps", f"800 steps are the first "
+         f"{100 * last / paper.STEPS:.1f} % of the paper's 400K", f"in-context's two tokens are 2 of "
+         f"{b['in-context']['tokens']} here")
+    says("record", f"scored every {every} steps without guidance", f"{per_class} samples per class, {eval_steps} DDIM "
+         f"steps", f"patch 2, {b['adaln-zero']['tokens']} tokens; {last} steps")
+    floor = b["adaln-zero"]["real_floor"]
+    az, ic, ad = (b[v]["final_accuracy"] for v in ("adaln-zero", "in-context", "adaln"))
+    az_fd, ic_fd, ad_fd = (b[v]["final_fd"]["median"] for v in ("adaln-zero", "in-context", "adaln"))
+    both(f"real digits score FD {floor:.2f}")
+    both(f"Its final FD, {az_fd:.2f}, lies below the real floor ({floor:.2f})")
+    assert az_fd < floor
+    says("7c", f"{pct(az['median'])} % of samples in their class at {last} steps, against {pct(ic['median'])} % for "
+               f"in-context and {pct(ad['median'])} % for adaLN",
+         f"ends with {pct(ad['median'])} % of samples in the right class against adaLN-Zero's {pct(az['median'])} %",
+         f"the lowest FD from step {findings.leads(blocks, 'adaln-zero', 'fd')} on",
+         f"its ratio to in-context's {ic_fd:.2f} is not")
+    says("record", f"{pct(az['median'])} % [{pct(az['min'])}, {pct(az['max'])}] of samples in their class, against "
+                   f"{ic_fd:.2f} and {pct(ic['median'])} % for in-context, {ad_fd:.2f} and {pct(ad['median'])} % for "
+                   "adaLN", f"the lowest median FD from step {findings.leads(blocks, 'adaln-zero', 'fd')} on",
+         f"its ratio to in-context's {ic_fd:.2f} ({az_fd / ic_fd:.2f})")
+    steps = [p["step"] for p in b["adaln-zero"]["accuracy"]]
+    ahead = [s for s in steps
+             if at(b["in-context"], "accuracy", s)["median"] > at(b["adaln-zero"], "accuracy", s)["median"]]
+    first = [s for s in steps if findings.ordering(blocks, "accuracy", s)[0] == "in-context"]
+    assert ahead == steps[:len(ahead)] and first == steps[:len(first)], "in-context ahead from the start, then not"
+    ic300, az300 = at(b["in-context"], "accuracy", 300), at(b["adaln-zero"], "accuracy", 300)
+    lead = findings.leads(blocks, "adaln-zero")
+    says("7c", f"in-context draws the right class more often than adaLN-Zero up to step {ahead[-1]} (at step 300, "
+               f"{pct(ic300['median'])} % against {pct(az300['median'])} %)",
+         f"in-context drew the right class more often than adaLN-Zero until step {ahead[-1]}",
+         f"adaLN-Zero leads by the median accuracy from step {lead}")
+    says("record", f"In-context has the highest median class accuracy up to step {first[-1]} (at step 300 "
+                   f"{step_range(ic300)} against adaLN-Zero's {step_range(az300)})",
+         f"the highest median accuracy from step {lead} on")
+
+    # cross-attention, its context normalised or not
+    cross = load(findings.RECORD_FILES["cross-attention"])
+    c = {r["variant"]: r for r in findings.summarize_curves(cross["runs"])}
+    n, raw = c["cross-attention"], c["cross-attention-raw"]
+    says("7c", f"FD {n['final_fd']['median']:.2f} and {pct(n['final_accuracy']['median'])} % of samples in their "
+               f"class at {last} steps, against {raw['final_fd']['median']:.2f} and "
+               f"{pct(raw['final_accuracy']['median'])} % unnormalised on the same machine",
+         "ends level with in-context")
+    assert not findings.separated(n["final_fd"], b["in-context"]["final_fd"])  # level: the seeds' ranges overlap
+    says("record", f"{n['final_fd']['median']:.2f} and {pct(n['final_accuracy']['median'])} % for cross-attention "
+                   "with its context normalised",
+         f"FD {raw['final_fd']['median']:.2f} against {b['cross-attention-raw']['final_fd']['median']:.2f}, accuracy "
+         f"{100 * raw['final_accuracy']['median']:.1f} against "
+         f"{100 * b['cross-attention-raw']['final_accuracy']['median']:.1f} %",
+         f"the cross-attention rerun {cross['cpu_seconds']:,.0f} s")
+    effect_n, effect_raw = n["measured"]["class_effect"], raw["measured"]["class_effect"]
+    catch = next(s for s in steps if effect_raw[s] >= effect_n[steps[0]])
+    says("record", f"{effect_n[steps[0]]:.2f} at step {steps[0]} for the normalised context and "
+                   f"{effect_raw[steps[0]]:.3f} for the raw one, which reaches {effect_raw[catch]:.2f} only at step "
+                   f"{catch}", f"(RMS {raw['measured']['class_rms'][steps[0]]:.3f} at step {steps[0]}, "
+                   f"{raw['measured']['class_rms'][last]:.3f} at {last})",
+         f"({raw['measured']['class_attention'][steps[0]]:.2f} to {raw['measured']['class_attention'][last]:.2f})")
+    assert effect_n[steps[0]] / effect_raw[steps[0]] > 3
+    says("7c", "the class's effect starts several times smaller")
+    assert abs(effect_raw[last] / effect_n[last] - 2 / 3) < 0.05
+    says("7c", "two thirds of the normalised model's effect")
+    says("record", "two thirds of the normalised model's class effect")
+
+    # the scaling grid
+    data = load(findings.RECORD_FILES["scaling"])
+    scaling = findings.summarize_curves(data["runs"])
+    s = {r["variant"]: r for r in scaling}
+    fd = {v: r["final_fd"]["median"] for v, r in s.items()}
+    acc = {v: r["final_accuracy"]["median"] for v, r in s.items()}
+    end = max(r["max_steps"] for r in scaling)
+    sizes, (big_patch, mid_patch, small_patch) = list(findings.SIZES), findings.PATCHES
+    says("7c", f"three seeds, scored every {every} steps as in 7c.2", f"for {end} steps (its learning rate")
+    says("record", f"patches 4, 2, 1; {end} steps")
+    checks = findings.scaling_checks(scaling)
+    assert checks["larger_model"] and all(findings.separated(s[f"{a}/{p}"]["final_fd"], s[f"{z}/{p}"]["final_fd"])
+                                          for p in findings.PATCHES for a, z in zip(sizes, sizes[1:]))
+    both("at every patch size the larger model ends with the lower FD, ranges apart")
+    says("7c", "(" + "; ".join(", ".join(f"{size}/{p} {fd[f'{size}/{p}']:.2f}" for size in sizes)
+                               for p in (big_patch, small_patch)) + ")")
+    worst = {size: max(findings.PATCHES, key=lambda p: fd[f"{size}/{p}"]) for size in sizes}
+    assert set(worst.values()) == {mid_patch} and all(
+        acc[f"{size}/{mid_patch}"] == min(acc[f"{size}/{p}"] for p in findings.PATCHES) for size in sizes)
+    both(f"patch {mid_patch} is the worst of the three at every size")
+    lowest = min((f"{size}/{mid_patch}" for size in sizes), key=acc.get)
+    assert acc[lowest] < 0.2  # ten classes: chance is 10 %
+    says("7c", f"{lowest} draws the right digit {pct(acc[lowest])} % of the time, hardly above chance")
+    says("record", f"({lowest} at {pct(acc[lowest])} % accuracy)")
+    assert all(fd[f"{size}/{small_patch}"] < fd[f"{size}/{big_patch}"] for size in sizes)
+    fewer = " and ".join(size for size in sizes if acc[f"{size}/{small_patch}"] < acc[f"{size}/{big_patch}"])
+    says("7c", f"Patch {small_patch} ends with a lower FD than patch {big_patch} at every size, but with a lower class "
+               f"accuracy at sizes {fewer}")
+    says("record", f"patch {small_patch} ends with a lower FD than patch {big_patch} at every size but a lower "
+                   f"accuracy at sizes {fewer}")
+    rs = {st: findings.correlations(scaling, st)["pearson_log_gflops_log_fd"] for st in steps if st <= end}
+    negative = [st for st, r in rs.items() if r < 0]
+    assert negative == [st for st in rs if st >= negative[0]], "positive early, negative from then on"
+    says("7c", f"$r = {rs[end]:.2f}$ between log Gflops and log FD at the last step, and positive before step "
+               f"{negative[0]}")
+    says("record", f"(r = {rs[end]:.2f} at {end} steps, and positive before step {negative[0]}")
+    pairs = findings.trade_offs(scaling)
+    assert pairs and not any(p["overlap_fd"] for p in pairs)
+    closest = min(pairs, key=lambda p: p["gflops_ratio"])
+    says("7c", "no pair of about equal Gflops lands together", f"({closest['a']} {fd[closest['a']]:.2f} against "
+               f"{closest['b']} {fd[closest['b']]:.2f} at {closest['gflops_ratio']:.1f}x the Gflops)")
+    says("record", "configurations of about equal Gflops from another size-patch mix do not land together")
+    reach = {t: sorted(((cost, v) for v, cost in findings.compute_to(scaling, t).items() if cost is not None))
+             for t in (1.0, 1.5)}
+    (c1, best), (c2, second) = reach[1.0][:2]
+    assert best == f"{sizes[-1]}/{big_patch}"  # the largest model with the largest patches
+    says("7c", f"the largest model with the largest patches reaches FD 1.0 for the least training compute ({best}, "
+               f"{c1:,.0f} Gflop, against {c2:,.0f} for {second})",
+         f"For FD 1.0 the record gives {best} {c1:,.0f} Gflop, " + " and ".join(
+             f"{v} {cost:,.0f}" for cost, v in reach[1.0][1:]) + f", the others not within {end} steps",
+         "for FD 1.5, " + " comes before ".join(f"{v} ({cost:,.0f})" for cost, v in reach[1.5][:2]))
+    says("record", f"reaches FD 1.0 for the least training compute ({c1:,.0f} Gflop against {c2:,.0f} for {second})",
+         "Training compute to reach a median FD of 1.5: " + ", ".join(
+             f"{v} {cost:,.0f}" + (" Gflop" if i == 0 else "") for i, (cost, v) in enumerate(reach[1.5]))
+         + f", the others not within {end} steps; to reach 1.0: "
+         + ", ".join(f"{v} {cost:,.0f}" for cost, v in reach[1.0]))
+    a, z = f"{sizes[-1]}/{small_patch}", f"{sizes[-1]}/{big_patch}"
+    assert fd[a] < fd[z] <= 1.05 * floor and acc[a] < acc[z]  # near the floor the two measures disagree
+    says("7c", f"{a} against {z} ({fd[a]:.2f} against {fd[z]:.2f}, the floor {floor:.2f}) is such a case, and their "
+               f"class accuracy ({pct(acc[a])} % against {pct(acc[z])} %) reverses the order")
+    says("record", f"FD differences below about {floor:.1f} do not rank models")
+    params = [r["params"] / 1e6 for r in scaling + blocks]
+    says("7c", f"these are models of {min(params):.1f}-{max(params):.1f} M")
+    says("record", f"Models of {min(params):.1f}-{max(params):.1f} M parameters")
+
+    # the longer check: one seed, three times the steps
+    long = {r["variant"]: r for r in findings.summarize_curves(load("paper-findings-scaling-long.json")["runs"])}
+    assert {r["seeds"] for r in long.values()} == {1} and {r["max_steps"] for r in long.values()} == {3 * end}
+    lfd = {v: r["final_fd"]["median"] for v, r in long.items()}
+    d2, d3 = sizes[:2]
+    assert lfd[f"{d3}/{mid_patch}"] <= lfd[f"{d3}/{big_patch}"]  # catches
+    assert lfd[f"{d2}/{mid_patch}"] < 1.2 * lfd[f"{d2}/{big_patch}"]  # comes close
+    says("7c", f"In a run three times longer (one seed) {d3}/{mid_patch} catches {d3}/{big_patch}, and "
+               f"{d2}/{mid_patch} comes close to {d2}/{big_patch}")
+    says("record", f"by {3 * end:,} steps ({lfd[f'{d3}/{mid_patch}']:.2f} both)",
+         f"({lfd[f'{d2}/{mid_patch}']:.2f} against {lfd[f'{d2}/{big_patch}']:.2f}, both below the real floor)")
+    assert round(lfd[f"{d3}/{mid_patch}"], 2) == round(lfd[f"{d3}/{big_patch}"], 2)
+    assert max(lfd[f"{d2}/{mid_patch}"], lfd[f"{d2}/{big_patch}"]) < floor
+    assert not missing, "figures the JSON does not give:\n" + "\n".join(missing)
+
+
+def test_chapter_7c_and_the_record_state_the_counted_design_costs():
+    """The design costs chapter 7c and paper-findings.md state in words are the FLOP counter's (design_table): at
+    DiT-XL/2 and at the digits profile's model (16 tokens)."""
+    from dit_book.records import prose
+    from dit_core.measure.flops import design_table
+
+    root = Path(__file__).resolve().parents[1]
+    chapter = prose(root / "book" / "07c_paper_findings.ipynb")
+    record = prose(root / "benchmarks" / "results" / "paper-findings.md")
+    xl = {r["block"]: r["overhead"] for r in design_table("DiT-XL/2")}
+    digits = {r["block"]: r for r in design_table("DiT-S/2", input_size=8, in_channels=1, depth=4, hidden_size=128,
+                                                   num_heads=4, num_classes=10)}
+    tokens = digits["adaln-zero"]["tokens"]
+    assert f"Cross-attention costs {100 * xl['cross-attention']:.0f} % more than adaLN-Zero at DiT-XL/2" in chapter
+    assert (f"In-context's two extra tokens add {100 * xl['in-context']:.1f} % to DiT-XL/2's Gflops but "
+            f"{100 * digits['in-context']['overhead']:.0f} % to the digits model's, 2 tokens beside {tokens}"
+            ) in chapter
+    assert (f"cross-attention {100 * xl['cross-attention']:+.1f} % Gflops (the paper: \"roughly a 15% overhead\"), "
+            f"in-context {100 * xl['in-context']:+.1f} %, adaLN {100 * xl['adaln']:+.2f} %; at the digits' {tokens} "
+            f"tokens in-context costs {100 * digits['in-context']['overhead']:+.1f} % and cross-attention "
+            f"{100 * digits['cross-attention']['overhead']:+.1f} %") in record
