@@ -230,6 +230,35 @@ def test_chapter_ends_with_remember_exercises_and_next(notebook):
             f"{notebook.name}: a solution's {fence} fence is not closed")
 
 
+IMPLEMENT_IT = re.compile(r"^\*\*Exercise \d+ \(implement it\)\.\*\*", re.M)
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_an_implement_it_solution_is_folded_after_the_books_code(notebook):
+    """An implement-it exercise is followed by the cell to write in (``%%answer``) and the book's code
+    (``%%solution``, folded); its solution's words come after those, in a markdown cell of their own that Jupyter
+    folds (``jupyter.source_hidden``) and the HTML hides (the dropdown): a reader writing the part sees neither."""
+    nb = _read(notebook)
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown" or not IMPLEMENT_IT.search(cell.source):
+            continue
+        name = f"cell {cell.get('id')}"
+        if SOLUTION.search(cell.source):
+            problems.append(f"{name}: its solution sits in the exercise's cell, which Jupyter shows")
+            continue
+        later = nb.cells[i + 1:]
+        k = next((j for j, c in enumerate(later) if c.cell_type == "markdown"), len(later))
+        if not any(c.cell_type == "code" and c.source.startswith("%%solution") for c in later[:k]):
+            problems.append(f"{name}: no %%solution cell between the exercise and its solution")
+        if k == len(later) or not SOLUTION.match(later[k].source):
+            problems.append(f"{name}: the markdown cell after its code cells is not its solution dropdown")
+        elif not later[k].metadata.get("jupyter", {}).get("source_hidden"):
+            problems.append(f"{name}: its solution cell {later[k].get('id')} is not folded in Jupyter "
+                            "(metadata jupyter.source_hidden: true)")
+    assert not problems, f"{notebook.name}: " + "; ".join(problems)
+
+
 def test_the_shape_check_catches_a_chapter_without_an_ending(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# 99. Example"),
