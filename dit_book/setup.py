@@ -373,7 +373,8 @@ def your_data(params: Mapping[str, Any]) -> Resolved:
     r, smoke = _start("05b_your_data", params)
     (out_dir,) = r.need("OUT_DIR")
     if smoke:
-        r.smoke_sizes(OWN_RUN_DIR=out_dir + "/smoke_own_run", OWN_MAX_STEPS=10, OWN_PER_CLASS=8)
+        r.smoke_sizes(OWN_RUN_DIR=out_dir + "/smoke_own_run", OWN_MAX_STEPS=10, OWN_PER_CLASS=8,
+                      OWN_SEARCH_PER_CLASS=2)
     r.set_threads()
     track, download = _gpu_route(r, smoke)
     data_dir, latents_dir = _gpu_paths(r, smoke)

@@ -230,7 +230,8 @@ def test_chapter_05b_smoke_run_trains_a_tiny_model_in_its_own_folders(book_dir, 
     ch = run("05b_your_data", params)
     c = ch.changes
     assert c["OWN_RUN_DIR"].startswith(params["OUT_DIR"]) and c["GPU_RUN_DIR"].startswith(params["OUT_DIR"])
-    assert c["OWN_MAX_STEPS"] == 10 and c["OWN_PER_CLASS"] == 8 and ch.own_overrides == setup.OWN_TINY
+    assert (c["OWN_MAX_STEPS"], c["OWN_PER_CLASS"], c["OWN_SEARCH_PER_CLASS"]) == (10, 8, 2)
+    assert ch.own_overrides == setup.OWN_TINY
     assert c["VAE"].endswith("vae")
     default = run("05b_your_data", parameters("05b_your_data"))
     assert default.own_overrides == {} and (default.gpu_image_size, default.calibration_steps) == (256, 50)

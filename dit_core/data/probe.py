@@ -44,7 +44,8 @@ MIRROR_THRESHOLD = 0.75
 MIRROR_LOWER = 0.6
 #: At most this many files of a class take part in the mirror test (two thirds train the classifier).
 MIRROR_FILES = 240
-#: Adam steps of the mirror test's classifier (batches of 64).
+#: Adam steps of the mirror test's classifier (batches of 64): about 20 passes over its files, at least 60 and at
+#: most this many.
 MIRROR_STEPS = 300
 #: At most this many files, spread evenly over the folder, are located for the object figures.
 OBJECT_FILES = 600
@@ -135,7 +136,7 @@ def locate_files(dataset, max_files: int = OBJECT_FILES) -> dict:
 
 
 def mirror_test(images: torch.Tensor, labels: torch.Tensor, classes, seed: int = 0,
-                steps: int = MIRROR_STEPS) -> tuple[dict, dict]:
+                steps: int | None = None) -> tuple[dict, dict]:
     """Per class, the share of held-out files and their mirror images that a classifier fitted on the other files
     tells apart: ``({class name: share}, {class name: held-out images tested})``. ``images`` (N, C, H, W) in
     [-1, 1] prepared as the trainer prepares them, unflipped; every third file of a class is held out. Classes
@@ -158,6 +159,8 @@ def mirror_test(images: torch.Tensor, labels: torch.Tensor, classes, seed: int =
         return torch.cat([x, x.flip(-1)]), torch.cat([2 * labels[idx], 2 * labels[idx] + 1])
 
     x, y = both(train_idx)
+    if steps is None:  # about 20 passes over the files and their mirror images
+        steps = max(60, min(MIRROR_STEPS, round(20 * len(x) / 64)))
     net = fit_pixel_teacher(x, y, 2 * len(classes), steps=steps, seed=seed, flip=False)
     xt, yt = both(test_idx)
     with torch.no_grad():

@@ -165,6 +165,7 @@ class TrainConfig:
                                       "(and guidance over part of the path) scored by a judge fitted on the folder, "
                                       "recorded in <out>/guidance.json, which dit-sample then uses "
                                       "(dit_core.eval.guidance; class-conditional pixel folders)")
+    guidance_per_class: int = _f(16, "the guidance search's samples per class and setting")
     vae: str | None = _f(None, "VAE that decodes latent samples (default: the one the latents were made "
                                "with)")
     tensorboard: bool = _f(True, "write TensorBoard logs to <out>/tb")
@@ -272,6 +273,8 @@ def validate(cfg: TrainConfig) -> None:
         problems.append(f"cpu_processes must be >= 0 (0: one per usable core), got {cfg.cpu_processes}")
     if cfg.threads < 0:
         problems.append(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
+    if cfg.guidance_per_class < 1:
+        problems.append(f"guidance_per_class must be >= 1, got {cfg.guidance_per_class}")
     if cfg.ema_every < 1:
         problems.append(f"ema_every must be >= 1 (1: every step), got {cfg.ema_every}")
     if cfg.ckpt_every_minutes < 0:

@@ -180,7 +180,7 @@ def choose_guidance_after(cfg: TrainConfig, summary: dict, dataset=None) -> dict
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, min(usable_cores(), int(summary.get("processes") or 1) * threads)))
     try:
-        record = choose_guidance(cfg.out, device=summary.get("device") or "cpu")
+        record = choose_guidance(cfg.out, device=summary.get("device") or "cpu", per_class=cfg.guidance_per_class)
     except (FileNotFoundError, ValueError) as err:
         print(f"guidance search skipped: {err}", flush=True)
         return summary
