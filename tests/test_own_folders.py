@@ -329,3 +329,21 @@ def test_bench_judge_names_classes_and_tells_mirrored_letters():
     frame[1, :, 0:4, 6:10] = 1.0
     assert touches_frame(frame).tolist() == [False, True]
     assert set(ASYMMETRIC["glyphs"]) == {"L", "Z"}
+
+
+def test_the_project_s_square_folder_trains_as_with_the_old_settings(tmp_path):
+    """`dit-data shapes` (square files, classes a mirror leaves alone): flip auto keeps every flip and the object crop
+    of a square file is the ADM crop, so the profile trains the same weights as with flip true and the ADM crop."""
+    from dit_core.data.shapes import generate_shapes
+    from dit_core.train import train
+
+    folder = generate_shapes(tmp_path / "shapes", per_class=12)
+    tiny = dict(depth=2, hidden_size=32, num_heads=2, repa_weight=0, batch_size=8, max_minutes=0,
+                max_steps=4, compile="false", mixed_precision="fp32", cpu_processes=1, tensorboard=False,
+                progress=False, sample_at_end=False, guidance_search=False, data_path=str(folder))
+    train(make_config("small-images", {**tiny, "out": str(tmp_path / "new")}))
+    train(make_config("small-images", {**tiny, "out": str(tmp_path / "old"), "flip": True, "crop": "adm"}))
+    probe = json.loads((tmp_path / "new" / "probe.json").read_text())
+    assert probe["flipped"] == [0, 1, 2] and probe["centre_cut"] == 0.0
+    new, old = (torch.load(tmp_path / r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in ("new", "old"))
+    assert all(torch.equal(new[k], old[k]) for k in new)
