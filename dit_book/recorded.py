@@ -60,9 +60,12 @@ class RecordedRun:
             ("Commands", "; ".join(f"`{c}`" for c in f["commands"]) + "."),
             ("Training", f"{f['steps']:,} steps of `{f['profile']}` (seed {f['seed']}) in {f['train_seconds']:,.0f} s "
                          f"({f['note']})."),
-            ("The judge", f"{percent(judge['right'])} of {judge['samples']} samples show the shape asked for "
-                          f"({per_class}; one clean piece: {percent(judge['clean'])}; chance "
-                          f"{percent(judge['chance'])})."),
+            ("The judge", f"{percent(judge['right'])} of {judge['samples']} samples show the "
+                          f"{judge.get('asked', 'shape')} asked for ({per_class}"
+                          + (f"; one clean piece: {percent(judge['clean'])}" if "clean" in judge else "")
+                          + (f"; drawn mirrored: {judge['mirrored']}" if "mirrored" in judge else "")
+                          + (f"; the judge's ceiling: {percent(judge['ceiling'])}" if "ceiling" in judge else "")
+                          + f"; chance {percent(judge['chance'])})."),
             ("The grid", f"{f['grid']}."),
         ]
 

@@ -177,6 +177,11 @@ def test_per_class_flips_in_the_dataset_and_the_preloaded_batches(glyphs):
 
 
 def test_flip_key_reads_auto_on_and_off_and_crop_is_checked():
+    from dit_core.cli.train import parse_args
+
+    for word, value in (("on", True), ("off", False), ("auto", "auto")):  # dit-train --flip on|off|auto
+        profile, over = parse_args(["--config", "small-images", "--flip", word])
+        assert make_config(profile, over).flip == value
     assert make_config("small-images", {"flip": "auto"}).flip == "auto"
     assert make_config("small-images", {"flip": "on"}).flip is True
     assert make_config("small-images", {"flip": "off"}).flip is False
