@@ -32,8 +32,8 @@ class Route:
 
 
 ROUTES = (
-    Route("a laptop, no GPU", (), "your own digits DiT, trained (chapter 5), sampled and scored (7); the "
-          "`small-images` record's samples (5b)"),
+    Route("a laptop, no GPU", (), "your own digits DiT, trained (chapter 5), sampled and scored (7); your "
+          "folder, trained briefly (5b)"),
     Route("12 GB", ("NVIDIA GeForce RTX 3060",), "", ("rtx3060-12gb",)),
     Route("24 GB", ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"), "", ("rtx3090-24gb",)),
     Route("40-80 GB", ("NVIDIA A100", "NVIDIA H100 SXM"), "", ("a100-40gb", "a100-80gb", "h100-80gb")),
