@@ -1,6 +1,7 @@
 """Data for DiT: ImageFolder reading with the ADM crop and flips, the dataset check, the digits default, own folders.
 
-- :mod:`dit_core.data.images`: :class:`ImageFolderDataset`, :func:`center_crop_arr`, :func:`load_image`;
+- :mod:`dit_core.data.images`: :class:`ImageFolderDataset`, :func:`load_image`; :mod:`dit_core.data.crop`: the ADM
+  :func:`center_crop_arr`;
 - :mod:`dit_core.data.check`: :func:`check_dataset` and its report (``dit-data check ROOT``);
 - :mod:`dit_core.data.digits`: :func:`export_digits` (``dit-data digits OUT``);
 - :mod:`dit_core.data.imagenette`: :func:`prepare_imagenette` (``dit-data imagenette OUT``), ten ImageNet classes

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .crop import center_crop_arr
+
 # The extensions torchvision's ImageFolder accepts (compared in lower case).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -236,29 +238,6 @@ def load_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
         if img.mode in HIGH_BIT_DEPTH_MODES:
             img = _to_8bit(img)
         return img.convert(mode) if img.mode != mode else img.copy()
-
-
-def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
-    """The ADM center crop used by DiT's data pipeline.
-
-    1. While the short side is at least twice ``image_size``, halve the image with a BOX filter (an
-       exact average of 2x2 blocks: cheap, and it reduces aliasing).
-    2. Resize with BICUBIC so that the short side equals ``image_size`` (sizes rounded to the nearest
-       pixel).
-    3. Cut the central ``image_size`` x ``image_size`` square.
-    """
-    if image_size <= 0:
-        raise ValueError(f"image_size must be a positive number of pixels, got {image_size}")
-    while min(pil_image.size) >= 2 * image_size:
-        half = (pil_image.size[0] // 2, pil_image.size[1] // 2)
-        pil_image = pil_image.resize(half, resample=Image.BOX)
-    factor = image_size / min(pil_image.size)
-    new_size = (round(pil_image.size[0] * factor), round(pil_image.size[1] * factor))
-    pil_image = pil_image.resize(new_size, resample=Image.BICUBIC)
-    arr = np.asarray(pil_image)
-    top = (arr.shape[0] - image_size) // 2
-    left = (arr.shape[1] - image_size) // 2
-    return Image.fromarray(arr[top : top + image_size, left : left + image_size])
 
 
 #: The ways to bring a file to the training square (:func:`resize_to`).

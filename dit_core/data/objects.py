@@ -1,6 +1,6 @@
 """Where the object is in a file: a square crop that keeps it, and the share of files a centre crop would cut.
 
-DiT trains on square images, and the ADM centre crop (:func:`dit_core.data.images.center_crop_arr`) takes the
+DiT trains on square images, and the ADM centre crop (:func:`dit_core.data.crop.center_crop_arr`) takes the
 middle square of every file. On ImageNet photographs, whose objects are mostly central, that is what the official
 code does and what its numbers rest on, so the GPU track keeps it. A reader's own files are often wider or taller
 than square with the object off to one side (a scan, a phone photo of a thing on a table): the centre crop then
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
+from .crop import center_crop_arr
 
 #: The window search works on a copy whose short side is at most this many pixels (a few milliseconds a file).
 WORK_SIDE = 48
@@ -133,8 +135,6 @@ def object_window(img: Image.Image) -> tuple[int, int, int]:
 def object_crop(img: Image.Image, image_size: int) -> Image.Image:
     """``img`` cut to :func:`object_window` and brought to ``image_size`` as the ADM crop brings a square (halved
     with a box filter while at least twice the size, then bicubic): for a square file, exactly the ADM crop."""
-    from .images import center_crop_arr
-
     left, top, side = object_window(img)
     if img.size != (side, side):
         img = img.crop((left, top, left + side, top + side))

@@ -191,7 +191,7 @@ def probe_folder(dataset, mirror: bool = True, seed: int = 0) -> FolderProbe:
         for i, (_, label) in enumerate(dataset.samples):
             per_class.setdefault(label, []).append(i)
         xs, ys = [], []
-        for label, idx in sorted(per_class.items()):
+        for _, idx in sorted(per_class.items()):
             for i in (idx[k] for k in _spread(len(idx), MIRROR_FILES)):
                 try:
                     x, y = dataset.load(i)
@@ -223,7 +223,6 @@ def apply_probe(cfg, dataset, out: Path, procs=None):
     With ``flip: auto`` the dataset flips the classes the mirror test keeps; the probe is kept as ``dataset.probe``
     for the pre-flight report. Latents and other datasets get ``flip: auto`` as true (the paper's flips)."""
     from ..atomic import atomic_write_text
-    from ..train import distributed
     from .images import ImageFolderDataset
 
     if not isinstance(dataset, ImageFolderDataset):
@@ -248,7 +247,8 @@ def apply_probe(cfg, dataset, out: Path, procs=None):
             probe = probe_folder(dataset, mirror=cfg.flip is not False, seed=cfg.seed)
             Path(out).mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(probe.to_dict(), indent=1) + "\n")
-    distributed.barrier(procs)
+    if getattr(procs, "distributed", False):  # the others wait for the main process's file
+        torch.distributed.barrier()
     probe = FolderProbe.from_dict(json.loads(path.read_text()))
     if cfg.flip == "auto":
         dataset.flip = probe.flip_setting() if probe.mirror else True
