@@ -194,40 +194,86 @@ def one(args, kind, folder_seed, seed) -> None:
         score_run(out, kind, result_path(name, kind, folder_seed, seed, work))
 
 
-def table(work: Path, names, folders: str) -> str:
-    """The markdown table of the scored runs: per folder and profile, accuracy at each kept step (mean and range
-    over the training seeds), mirrored and frame rates at the last step beside the data's own."""
-    rows = ["| folder | profile | judge's ceiling | " + " | ".join(f"{s:,} steps" for s in KEEP)
-            + " | mirrored (data) | touching the frame (data) |", "|---" * (5 + len(KEEP)) + "|"]
+def _results(work: Path, names, folders: str) -> dict:
+    """``{(folder, name): [result, ...]}`` of the scored runs, folders "heldout", "tune" or "all"."""
+    out: dict = {}
     for name in names:
-        results = sorted((work / "results" / name).glob("*.json"))
-        by_folder: dict[str, list] = {}
-        for path in results:
-            r = json.loads(path.read_text())
+        for path in sorted((work / "results" / name).glob("*.json")):
             f = path.stem.rsplit("-seed", 1)[0]
             kind, fseed = f.rsplit("-s", 1)
             held = HELD_OUT.get(kind) == int(fseed)
-            if (folders == "heldout") != held and folders != "all":
-                continue
-            by_folder.setdefault(f, []).append(r)
-        for f, rs in sorted(by_folder.items()):
-            def cell(step):
-                v = [r["scores"][str(step)]["class_accuracy"] for r in rs if str(step) in r.get("scores", {})]
-                if not v:
-                    return "-"
-                return f"{100 * sum(v) / len(v):.1f} % ({100 * min(v):.0f}-{100 * max(v):.0f})" if len(v) > 1 \
-                    else f"{100 * v[0]:.1f} %"
-            last = str(KEEP[-1])
-            mir = [r["scores"][last]["mirrored_rate"] for r in rs if last in r.get("scores", {})]
-            fra = [r["scores"][last]["frame_rate"] for r in rs if last in r.get("scores", {})]
-            ceil = sum(r["ceiling"] for r in rs) / len(rs)
-            rows.append(f"| {f} | {name} ({len(rs)} seeds) | {100 * ceil:.1f} % | "
-                        + " | ".join(cell(s) for s in KEEP)
-                        + (f" | {100 * sum(mir) / len(mir):.1f} % ({100 * rs[0]['real_mirrored_rate']:.1f} %)" if mir
-                           else " | -")
-                        + (f" | {100 * sum(fra) / len(fra):.1f} % ({100 * rs[0]['real_frame_rate']:.1f} %) |" if fra
-                           else " | - |"))
-    return "\n".join(rows)
+            if folders == "all" or (folders == "heldout") == held:
+                out.setdefault((f, name), []).append(json.loads(path.read_text()))
+    return out
+
+
+def _mean(values, scale: float = 100.0) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    mean = scale * sum(values) / len(values)
+    return f"{mean:.1f} %" if len(values) == 1 else \
+        f"{mean:.1f} % ({scale * min(values):.0f}-{scale * max(values):.0f})"
+
+
+def table(work: Path, names, folders: str) -> str:
+    """Two markdown tables of the scored runs: the share of samples right at each kept step (mean over the training
+    seeds, range in brackets) beside the judge's ceiling; and at the last step, per class, the mirrored, frame and
+    empty rates beside the data's own, and the guidance each run chose."""
+    found = _results(work, names, folders)
+    last = str(KEEP[-1])
+    acc = ["| folder | profile | judge's ceiling | " + " | ".join(f"{s:,} steps" for s in KEEP) + " |",
+           "|---" * (3 + len(KEEP)) + "|"]
+    end = ["| folder | profile | per class at 5,000 steps | mirrored (data) | mirrored, drawn samples | touching the "
+           "frame (data) | empty | guidance | at constant 2 |", "|---" * 9 + "|"]
+    for (f, name), rs in sorted(found.items()):
+        seeds = f"{name} ({len(rs)} seed{'s' if len(rs) > 1 else ''})"
+        acc.append(f"| {f} | {seeds} | {100 * rs[0]['ceiling']:.1f} % | "
+                   + " | ".join(_mean([r['scores'].get(str(s), {}).get('class_accuracy') for r in rs]) for s in KEEP)
+                   + " |")
+        at = [r["scores"][last] for r in rs if last in r.get("scores", {})]
+        if not at:
+            continue
+        classes = list(at[0]["per_class"])
+        per_class = ", ".join(f"{c} {100 * sum(a['per_class'][c] for a in at) / len(at):.0f}" for c in classes)
+        chosen = [((r.get("guidance") or {}).get("chosen")) for r in rs]
+        guide = "; ".join(sorted({f"{c['cfg_scale']:g}" + (f" t<={c['interval'][1]:g}" if c['interval'] else "")
+                                  for c in chosen if c})) or "2 (constant)"
+        const = [r["scores"].get(f"{last}@cfg2", {}).get("class_accuracy") for r in rs]
+        end.append(f"| {f} | {seeds} | {per_class} % | {_mean([a['mirrored_rate'] for a in at])} "
+                   f"({100 * rs[0]['real_mirrored_rate']:.1f} %) | {_mean([a.get('mirrored_rate_drawn') for a in at])} | "
+                   f"{_mean([a['frame_rate'] for a in at])} ({100 * rs[0]['real_frame_rate']:.1f} %) | "
+                   f"{_mean([a.get('empty_rate') for a in at])} | {guide} | {_mean(const)} |")
+    return "\n".join(acc) + "\n\n" + "\n".join(end)
+
+
+def summary_json(work: Path, names) -> dict:
+    """Every scored run of ``names`` as the record's JSON keeps it: the scores at each kept step, the judge's own
+    figures, the probe's and the guidance search's decisions, the training time."""
+    runs = []
+    for name in names:
+        for path in sorted((work / "results" / name).glob("*.json")):
+            r = json.loads(path.read_text())
+            folder, seed = path.stem.rsplit("-seed", 1)
+            kind, fseed = folder.rsplit("-s", 1)
+            probe, guidance = r.get("probe") or {}, r.get("guidance") or {}
+            runs.append({
+                "profile": name, "kind": kind, "folder_seed": int(fseed), "seed": int(seed),
+                "held_out": HELD_OUT.get(kind) == int(fseed), "image_size": r["image_size"], "crop": r["crop"],
+                "flip": r["flip"], "precision": r["precision"], "ceiling": r["ceiling"],
+                "judge_mirror_accuracy": r["judge_mirror_accuracy"], "real_mirrored_rate": r["real_mirrored_rate"],
+                "real_frame_rate": r["real_frame_rate"],
+                "train_seconds": (r.get("summary") or {}).get("train_seconds"),
+                "probe": {k: probe.get(k) for k in ("mirror", "mirror_tested", "flipped", "centre_cut", "object_size",
+                                                     "seconds")} if probe else None,
+                "guidance": {"chosen": guidance.get("chosen"), "ceiling": guidance.get("ceiling"),
+                             "seconds": guidance.get("seconds"),
+                             "candidates": [{k: c[k] for k in ("cfg_scale", "interval", "accuracy", "spread",
+                                                               "frechet_distance")}
+                                            for c in guidance.get("candidates", [])]} if guidance else None,
+                "scores": r.get("scores", {})})
+    return {"record": "own-images.md", "held_out": HELD_OUT, "tune_seeds": list(TUNE_SEEDS), "keep": list(KEEP),
+            "per_class": PER_CLASS, "runs": runs}
 
 
 def main(argv=None) -> int:
@@ -252,9 +298,15 @@ def main(argv=None) -> int:
     t.add_argument("--name", action="append", default=None)
     t.add_argument("--folders", choices=("heldout", "tune", "all"), default="heldout")
     t.add_argument("--work", default=WORK)
+    t.add_argument("--json", default=None, help="also write every scored run to this JSON file (the record's)")
     args = p.parse_args(argv)
     if args.command == "table":
-        print(table(Path(args.work), args.name or ["old", "new"], args.folders))
+        names = args.name or ["old", "new"]
+        print(table(Path(args.work), names, args.folders))
+        if args.json:
+            from dit_core.atomic import atomic_write_text
+
+            atomic_write_text(args.json, json.dumps(summary_json(Path(args.work), names), indent=1) + "\n")
         return 0
     if args.command == "heldout":
         for kind in args.kinds.split(","):

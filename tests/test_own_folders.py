@@ -4,8 +4,6 @@ pre-flight report of the decisions, guidance over part of the path, and the guid
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch

@@ -45,7 +45,7 @@ class FolderJudge(SilhouetteJudge):
         for i, (_, label) in enumerate(data.samples):
             per_class.setdefault(label, []).append(i)
         split = {"train": ([], []), "val": ([], [])}
-        for label, idx in sorted(per_class.items()):
+        for _, idx in sorted(per_class.items()):
             for k, i in enumerate(idx[j] for j in _spread(len(idx), max_per_class)):
                 try:
                     x, y = data.load(i)
