@@ -194,16 +194,12 @@ def one(args, kind, folder_seed, seed) -> None:
         score_run(out, kind, result_path(name, kind, folder_seed, seed, work))
 
 
-def _results(work: Path, names, folders: str) -> dict:
-    """``{(folder, name): [result, ...]}`` of the scored runs, folders "heldout", "tune" or "all"."""
+def _groups(runs, folders: str) -> dict:
+    """``{(folder, profile): [run, ...]}`` of :func:`summary_json`'s runs, folders "heldout", "tune" or "all"."""
     out: dict = {}
-    for name in names:
-        for path in sorted((work / "results" / name).glob("*.json")):
-            f = path.stem.rsplit("-seed", 1)[0]
-            kind, fseed = f.rsplit("-s", 1)
-            held = HELD_OUT.get(kind) == int(fseed)
-            if folders == "all" or (folders == "heldout") == held:
-                out.setdefault((f, name), []).append(json.loads(path.read_text()))
+    for r in runs:
+        if folders == "all" or (folders == "heldout") == r["held_out"]:
+            out.setdefault((f"{r['kind']}-s{r['folder_seed']}", r["profile"]), []).append(r)
     return out
 
 
@@ -216,17 +212,16 @@ def _mean(values, scale: float = 100.0) -> str:
         f"{mean:.1f} % ({scale * min(values):.0f}-{scale * max(values):.0f})"
 
 
-def table(work: Path, names, folders: str) -> str:
-    """Two markdown tables of the scored runs: the share of samples right at each kept step (mean over the training
-    seeds, range in brackets) beside the judge's ceiling; and at the last step, per class, the mirrored, frame and
-    empty rates beside the data's own, and the guidance each run chose."""
-    found = _results(work, names, folders)
+def table(runs, folders: str = "heldout") -> str:
+    """Two markdown tables of :func:`summary_json`'s runs: the share of samples right at each kept step (mean over
+    the training seeds, range in brackets) beside the judge's ceiling; and at the last step, per class, the mirrored,
+    frame and empty rates beside the data's own, the guidance each run chose and the score at constant guidance 2."""
     last = str(KEEP[-1])
     acc = ["| folder | profile | judge's ceiling | " + " | ".join(f"{s:,} steps" for s in KEEP) + " |",
            "|---" * (3 + len(KEEP)) + "|"]
     end = ["| folder | profile | per class at 5,000 steps | mirrored (data) | mirrored, drawn samples | touching the "
            "frame (data) | empty | guidance | at constant 2 |", "|---" * 9 + "|"]
-    for (f, name), rs in sorted(found.items()):
+    for (f, name), rs in sorted(_groups(runs, folders).items()):
         seeds = f"{name} ({len(rs)} seed{'s' if len(rs) > 1 else ''})"
         acc.append(f"| {f} | {seeds} | {100 * rs[0]['ceiling']:.1f} % | "
                    + " | ".join(_mean([r['scores'].get(str(s), {}).get('class_accuracy') for r in rs]) for s in KEEP)
@@ -302,11 +297,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.command == "table":
         names = args.name or ["old", "new"]
-        print(table(Path(args.work), names, args.folders))
+        summary = summary_json(Path(args.work), names)
+        print(table(summary["runs"], args.folders))
         if args.json:
             from dit_core.atomic import atomic_write_text
 
-            atomic_write_text(args.json, json.dumps(summary_json(Path(args.work), names), indent=1) + "\n")
+            atomic_write_text(args.json, json.dumps(summary, indent=1) + "\n")
         return 0
     if args.command == "heldout":
         for kind in args.kinds.split(","):

@@ -150,3 +150,19 @@ def test_the_small_images_json_is_its_records_table():
         assert f"{100 * run['right_150']:.1f} % ({100 * run['clean_150']:.1f} %)" in text, run
     for run in small["other_machines"][0]["runs"]:
         assert f"| {run['seed']} | {run['steps']:,} | {run['step_ms']} ms | {100 * run['right_150']:.1f} %" in text, run
+
+
+def test_the_own_images_record_shows_its_json():
+    """The own-images record's held-out tables are what ``benchmarks/own_images.py table`` writes from the JSON of
+    every scored run, and each held-out folder has three training seeds of the profile it recommends."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("own_images", REPO_ROOT / "benchmarks" / "own_images.py")
+    own_images = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own_images)
+    data = json.loads((RESULTS / "own-images.json").read_text())
+    assert own_images.table(data["runs"], "heldout") in (RESULTS / "own-images.md").read_text(), (
+        "own-images.md: paste the output of `python benchmarks/own_images.py table --json "
+        "benchmarks/results/own-images.json` into section 3")
+    new = {(r["kind"], r["seed"]) for r in data["runs"] if r["held_out"] and r["profile"] == "new"}
+    assert new == {(k, s) for k in own_images.HELD_OUT for s in own_images.SEEDS}, sorted(new)
