@@ -232,11 +232,7 @@ def apply_probe(cfg, dataset, out: Path, procs=None):
     if not (cfg.flip == "auto" or getattr(cfg, "crop", "adm") == "object"):
         return dataset
     path = Path(out) / PROBE_FILE
-    if procs is None:  # this process alone
-        from types import SimpleNamespace
-
-        procs = SimpleNamespace(is_main=True, distributed=False)
-    if procs.is_main:
+    if procs is None or procs.is_main:  # procs None: this process alone
         probe = None
         if path.is_file():
             try:
@@ -247,7 +243,7 @@ def apply_probe(cfg, dataset, out: Path, procs=None):
             probe = probe_folder(dataset, mirror=cfg.flip is not False, seed=cfg.seed)
             Path(out).mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(probe.to_dict(), indent=1) + "\n")
-    if getattr(procs, "distributed", False):  # the others wait for the main process's file
+    if procs is not None and procs.distributed:  # the others wait for the main process's file
         torch.distributed.barrier()
     probe = FolderProbe.from_dict(json.loads(path.read_text()))
     if cfg.flip == "auto":

@@ -109,6 +109,7 @@ class BenchJudge(SilhouetteJudge):
         else:
             self.mirror_accuracy, self.real_mirrored_rate = float("nan"), 0.0
         self.real_frame_rate = float(touches_frame(xv).mean())
+        self.real_empty_rate = float(is_empty(xv).mean())
         self.seconds = time.perf_counter() - started
 
 
@@ -130,11 +131,9 @@ def score(images, labels, judge: BenchJudge) -> dict:
     asym = np.isin(np.asarray(torch.as_tensor(labels)), [judge.classes.index(c) for c in judge.asymmetric])
     empty = is_empty(images)
     called = out["predicted"] >= len(judge.classes) - len(judge.asymmetric)
-    out.update(empty_rate=float(empty.mean()), real_empty_rate=float(is_empty(judge.real_images("val")[0]).mean()),
+    out.update(empty_rate=float(empty.mean()), real_empty_rate=judge.real_empty_rate,
                mirrored_rate_drawn=float(called[asym & ~empty].mean()) if (asym & ~empty).any() else 0.0)
-    out.update(mirrored_rate_per_class=mirrored,
-               mirrored_rate=float(np.mean([out["predicted"][asym] >= len(judge.classes) - len(judge.asymmetric)]))
-               if asym.any() else 0.0,
+    out.update(mirrored_rate_per_class=mirrored, mirrored_rate=float(called[asym].mean()) if asym.any() else 0.0,
                frame_rate=float(touches_frame(images).mean()), real_mirrored_rate=judge.real_mirrored_rate,
                real_frame_rate=judge.real_frame_rate, mirror_accuracy=judge.mirror_accuracy)
     return out

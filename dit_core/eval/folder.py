@@ -62,11 +62,9 @@ class FolderJudge(SilhouetteJudge):
         classes = [str(c) for c in data.classes]
         self.asymmetric = [c for c in classes if c in set(asymmetric)]
         other = {classes.index(c): len(classes) + k for k, c in enumerate(self.asymmetric)}
-        same = torch.tensor([flips_label(flip, int(c)) and int(c) not in other for c in y], dtype=torch.bool)
-        changed = torch.tensor([int(c) in other for c in y], dtype=torch.bool)
         # the classes the trainer flips: their mirror images are the class too; those a mirror changes: another class
+        keep = torch.tensor([int(c) in other or flips_label(flip, int(c)) for c in y], dtype=torch.bool)
         mirrored_labels = torch.tensor([other.get(int(c), int(c)) for c in y], dtype=torch.long)
-        keep = same | changed
         if keep.any():
             train = (torch.cat([x, x[keep].flip(-1)]), torch.cat([y, mirrored_labels[keep]]))
         self.fit(classes + [c + MIRRORED for c in self.asymmetric], train, val, epochs, seed, augment=_shift)

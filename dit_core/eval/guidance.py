@@ -172,16 +172,23 @@ def _step(ckpt: Path) -> int | None:
         return None
 
 
+def chosen_row(record: dict) -> dict:
+    """The figures of the setting a guidance record (``guidance.json``) chose, from its ``candidates``."""
+    chosen = record["chosen"]
+    return next(r for r in record["candidates"]
+                if (r["cfg_scale"], r["interval"]) == (chosen["cfg_scale"], chosen["interval"]))
+
+
 def format_choice(record: dict) -> str:
     """A few lines: each setting's figures and the choice."""
     def name(r):
         return f"{r['cfg_scale']:g}" + (f" for t <= {r['interval'][1]:g}" if r["interval"] else "")
 
-    chosen = record["chosen"]
+    chosen = chosen_row(record)
     lines = [f"guidance for this folder (judge's ceiling {100 * record['ceiling']:.1f} % on held-out files; "
              f"{record['per_class']} samples a class and setting):"]
     for r in record["candidates"]:
-        mark = "  <- chosen" if (r["cfg_scale"], r["interval"]) == (chosen["cfg_scale"], chosen["interval"]) else ""
+        mark = "  <- chosen" if r is chosen else ""
         mirrored = r.get("mirrored") or {}
         also = (", mirrored " + ", ".join(f"{c} {100 * v:.0f} %" for c, v in mirrored.items())) if mirrored else ""
         lines.append(f"  {name(r):>14}: {100 * r['accuracy']:5.1f} % right, spread {r['spread']:.2f}{also}{mark}")

@@ -173,10 +173,12 @@ def choose_guidance_after(cfg: TrainConfig, summary: dict, dataset=None) -> dict
 
     from ..eval.guidance import choose_guidance, format_choice
     from ..runtime import usable_cores
+    from ..sample.files import GUIDANCE_FILE
 
-    done = Path(cfg.out) / "guidance.json"  # a finished run started again: its choice stands
-    if done.is_file() and json.loads(done.read_text()).get("step") == summary.get("steps"):
-        return {**summary, "guidance": json.loads(done.read_text())["chosen"], "guidance_seconds": 0.0}
+    path = Path(cfg.out) / GUIDANCE_FILE
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    if done.get("step") == summary.get("steps") and "chosen" in done:  # a finished run started again: its choice stands
+        return {**summary, "guidance": done["chosen"], "guidance_seconds": 0.0}
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, min(usable_cores(), int(summary.get("processes") or 1) * threads)))
     try:
@@ -186,7 +188,7 @@ def choose_guidance_after(cfg: TrainConfig, summary: dict, dataset=None) -> dict
         return summary
     finally:
         torch.set_num_threads(threads)
-    print(format_choice(record) + f"\n  ({record['seconds']:.0f} s; kept in {Path(cfg.out) / 'guidance.json'}, "
+    print(format_choice(record) + f"\n  ({record['seconds']:.0f} s; kept in {path}, "
           "which dit-sample uses)", flush=True)
     return {**summary, "guidance": record["chosen"], "guidance_seconds": record["seconds"]}
 
