@@ -76,9 +76,7 @@ def _prune(ckpts: Path, keep: set, stop: threading.Event) -> None:
     """Delete the kept checkpoints the study does not score, while the run writes them (each is written whole
     and renamed into place, so a finished file is safe to delete)."""
     while not stop.wait(5.0):
-        for path in ckpts.glob("step_*.pt"):
-            if int(path.stem.split("_")[1]) not in keep:
-                path.unlink(missing_ok=True)
+        _prune_now(ckpts, keep)
 
 
 def train_run(profile: str, kind: str, folder_seed: int, seed: int, work: Path, name: str, steps: int,
@@ -128,6 +126,7 @@ def score_run(out: Path, kind: str, result: Path, also_constant: float | None = 
     """Score every kept checkpoint of the run in ``out`` with its bench judge; written to ``result`` as it goes."""
     import torch
 
+    from dit_core.atomic import atomic_write_text
     from dit_core.diffusion import process_of
     from dit_core.eval import bench
     from dit_core.eval.classwise import sample_and_score
@@ -175,13 +174,9 @@ def score_run(out: Path, kind: str, result: Path, also_constant: float | None = 
                        "real_floor": extra["real_floor"], "samples": len(out_["images"]),
                        "seconds": round(time.perf_counter() - started, 1)}
         result.parent.mkdir(parents=True, exist_ok=True)
-        from dit_core.atomic import atomic_write_text
-
         atomic_write_text(result, json.dumps(record, indent=1) + "\n")
         print(f"{result.name} {key}: {scores[key]['class_accuracy']:.1%} right, mirrored "
               f"{scores[key]['mirrored_rate']:.1%}, frame {scores[key]['frame_rate']:.1%}", flush=True)
-    from dit_core.atomic import atomic_write_text
-
     atomic_write_text(result, json.dumps(record, indent=1) + "\n")
     return record
 
